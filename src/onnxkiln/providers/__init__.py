@@ -1,0 +1,1 @@
+"""Execution providers: each owns a device and a kernel registry."""

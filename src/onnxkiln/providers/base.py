@@ -1,0 +1,201 @@
+"""Kernel specs, the per-provider kernel registry, and the facts a kernel factory sees."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.dtypes import DataType
+
+__all__ = [
+    "CaptureSupport",
+    "KernelRegistry",
+    "KernelSpec",
+    "NodeInfo",
+    "normalize_domain",
+]
+
+Kernel = Callable[..., Any]
+
+
+class CaptureSupport(enum.Enum):
+    """Whether a kernel can be recorded into a device graph (issue: capture)."""
+
+    CAPTURABLE = "capturable"
+    HOST_SYNC = "host synchronisation"
+    DATA_DEPENDENT_SHAPE = "data-dependent output shape"
+    READS_HOST_SCALAR = "reads a host scalar"
+    ALLOCATES = "allocates per call"
+
+
+def normalize_domain(domain: str) -> str:
+    """ONNX spells the default domain both "" and "ai.onnx"; we use ""."""
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a kernel factory may read about its node, fixed at plan time.
+
+    `attrs` holds every attribute the node sets, plus schema defaults for the rest.
+    `const_inputs[i]` is input i's value when it is an initializer or Constant
+    (known before any run), else None. Dtypes and shapes are None where unknown.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    attrs: Mapping[str, Any]
+    n_inputs: int
+    n_outputs: int
+    input_present: tuple[bool, ...] = ()
+    output_present: tuple[bool, ...] = ()
+    input_dtypes: tuple[DataType | None, ...] = ()
+    output_dtypes: tuple[DataType | None, ...] = ()
+    input_shapes: tuple[tuple[int | str | None, ...] | None, ...] = ()
+    const_inputs: tuple[np.ndarray | None, ...] = ()
+
+    def describe(self) -> str:
+        """`'name' domain::Op opset N`, for error messages."""
+        return f"'{self.name}' {self.domain or 'ai.onnx'}::{self.op_type} opset {self.opset}"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One registered kernel: which op and opsets it serves and how to build it.
+
+    `fn` is either the kernel itself, called as `fn(*inputs, **attrs)` with the
+    node's attributes bound as keyword-only arguments (absent optional inputs are
+    None), or, when `factory` is True, `fn(info: NodeInfo) -> kernel`, called once
+    per node at plan time. A kernel returns one array, or a tuple of arrays when
+    `multi_output` is True (one per node output, in order; extra ones are ignored).
+    """
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    fn: Callable[..., Any]
+    factory: bool = False
+    multi_output: bool = False
+    types: Mapping[str, frozenset[DataType]] = field(default_factory=dict)
+    view: bool = False
+    capture: CaptureSupport = CaptureSupport.CAPTURABLE
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op_type, str) or not self.op_type:
+            raise TypeError(f"kernel op_type must be a non-empty str, got {self.op_type!r}")
+        if not isinstance(self.since, int) or self.since < 1:
+            raise TypeError(f"{self.op_type}: since must be an int >= 1, got {self.since!r}")
+        if self.until is not None and (not isinstance(self.until, int) or self.until < self.since):
+            raise TypeError(f"{self.op_type}: until must be None or an int >= since")
+        if not callable(self.fn):
+            raise TypeError(f"{self.op_type}: fn must be callable")
+        if not isinstance(self.capture, CaptureSupport):
+            raise TypeError(f"{self.op_type}: capture must be a CaptureSupport")
+
+    def covers(self, opset: int) -> bool:
+        """Whether this kernel serves the given opset version of its domain."""
+        return self.since <= opset and (self.until is None or opset <= self.until)
+
+    def build(self, info: NodeInfo) -> Kernel:
+        """The callable the executor runs for this node, attributes already bound."""
+        if self.factory:
+            return self.fn(info)
+        names = _keyword_only(self.fn)
+        if not names:
+            return self.fn
+        bound = {name: info.attrs.get(name) for name in names}
+        return functools.partial(self.fn, **bound)
+
+
+@functools.cache
+def _keyword_only(fn: Callable[..., Any]) -> tuple[str, ...]:
+    params = inspect.signature(fn).parameters.values()
+    return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+class KernelRegistry:
+    """The kernels of one provider, looked up by (domain, op_type, opset) at plan time."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self._specs: dict[tuple[str, str], list[KernelSpec]] = {}
+
+    def kernel(
+        self,
+        op_type: str,
+        since: int = 1,
+        until: int | None = None,
+        *,
+        domain: str = "",
+        factory: bool = False,
+        multi_output: bool = False,
+        types: Mapping[str, Iterable[DataType]] | None = None,
+        view: bool = False,
+        capture: CaptureSupport = CaptureSupport.CAPTURABLE,
+        variant: str = "",
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering `fn` for `op_type` in opsets `since..until` (inclusive)."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            spec = KernelSpec(
+                domain=normalize_domain(domain),
+                op_type=op_type,
+                since=since,
+                until=until,
+                fn=fn,
+                factory=factory,
+                multi_output=multi_output,
+                types={k: frozenset(v) for k, v in (types or {}).items()},
+                view=view,
+                capture=capture,
+                variant=variant or f"{op_type.lower()}.numpy",
+            )
+            self.add(spec)
+            return fn
+
+        return register
+
+    def add(self, spec: KernelSpec) -> None:
+        """Register a spec; overlapping opset ranges for the same op are an error."""
+        specs = self._specs.setdefault((spec.domain, spec.op_type), [])
+        for other in specs:
+            lo = max(spec.since, other.since)
+            hi_a = spec.until if spec.until is not None else 1 << 30
+            hi_b = other.until if other.until is not None else 1 << 30
+            if lo <= min(hi_a, hi_b):
+                raise ValueError(
+                    f"duplicate registration of {spec.domain or 'ai.onnx'}::{spec.op_type} "
+                    f"on {self.provider}: opsets {spec.since}-{spec.until} overlap "
+                    f"{other.since}-{other.until} ({other.fn.__module__}.{other.fn.__qualname__})"
+                )
+        specs.append(spec)
+
+    def resolve(self, domain: str, op_type: str, opset: int) -> KernelSpec | None:
+        """The spec serving this op at this opset, or None."""
+        for spec in self._specs.get((normalize_domain(domain), op_type), ()):
+            if spec.covers(opset):
+                return spec
+        return None
+
+    def versions(self, domain: str, op_type: str) -> list[tuple[int, int | None]]:
+        """Opset ranges registered for an op (for error messages)."""
+        specs = self._specs.get((normalize_domain(domain), op_type), ())
+        return sorted((s.since, s.until) for s in specs)
+
+    def ops(self) -> list[tuple[str, str]]:
+        """Every (domain, op_type) with at least one kernel."""
+        return sorted(self._specs)
+
+    def __iter__(self):
+        for specs in self._specs.values():
+            yield from specs

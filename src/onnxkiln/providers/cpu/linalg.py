@@ -1,0 +1,3 @@
+"""CPU kernels: linalg (being written)."""
+
+from __future__ import annotations

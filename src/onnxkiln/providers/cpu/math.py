@@ -1,0 +1,3 @@
+"""CPU kernels: math (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: nn (being written)."""
+
+from __future__ import annotations

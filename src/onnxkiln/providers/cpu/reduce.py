@@ -1,0 +1,3 @@
+"""CPU kernels: reduce (being written)."""
+
+from __future__ import annotations

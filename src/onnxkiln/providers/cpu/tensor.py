@@ -1,0 +1,3 @@
+"""CPU kernels: tensor (being written)."""
+
+from __future__ import annotations

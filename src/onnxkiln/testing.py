@@ -1,0 +1,118 @@
+"""Helpers for tests and benchmarks: build one-node models, compare against onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["assert_matches_ort", "make_model", "node_model", "run_ort", "tensor_info"]
+
+DEFAULT_OPSET = 21
+
+
+def tensor_info(name: str, dtype: Any, shape: Sequence[int | str | None] | None):
+    """A ValueInfoProto for a tensor; dtype is numpy-like or an ONNX element type int."""
+    elem = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = DEFAULT_OPSET,
+    extra_opsets: Mapping[str, int] | None = None,
+    name: str = "test",
+) -> onnx.ModelProto:
+    """A checked ModelProto from nodes and value infos; initializers given as numpy arrays."""
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), inits)
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+    ir_version = 10 if opset >= 21 else 8
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
+    onnx.checker.check_model(model)
+    return model
+
+
+def node_model(
+    op_type: str,
+    feeds: Mapping[str, np.ndarray],
+    n_outputs: int = 1,
+    opset: int = DEFAULT_OPSET,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    domain: str = "",
+    input_names: Sequence[str] | None = None,
+    **attrs: Any,
+) -> onnx.ModelProto:
+    """A model with one node of `op_type`; feeds become inputs, initializers constants.
+
+    Outputs are named y0, y1, ... with unknown type and shape (inferred by consumers).
+    `input_names` sets the node's input order (use "" for an absent optional input);
+    by default it is the feeds' then the initializers' keys.
+    """
+    initializers = dict(initializers or {})
+    names = list(input_names) if input_names is not None else [*feeds, *initializers]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, names, outs, domain=domain or None, **attrs)
+    inputs = [tensor_info(k, v.dtype, v.shape) for k, v in feeds.items()]
+    outputs = [helper.make_value_info(o, onnx.TypeProto()) for o in outs]
+    extra = {domain: 1} if domain else None
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
+    graph = helper.make_graph([node], op_type.lower(), inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in (extra or {}).items()]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10 if opset >= 21 else 8)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    by_name = {vi.name: vi for vi in inferred.graph.value_info}
+    by_name.update({vi.name: vi for vi in inferred.graph.output})
+    for o in outs:
+        vi = by_name.get(o)
+        model.graph.output.append(vi if vi is not None else helper.make_value_info(o, onnx.TypeProto()))
+    return model
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run `model` on onnxruntime's CPU provider with graph optimizations disabled."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(feeds))
+
+
+def assert_matches_ort(
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    optimization: str = "all",
+) -> list[np.ndarray]:
+    """Run on onnxkiln and onnxruntime; assert equal dtypes, shapes and values. Returns ours."""
+    from onnxkiln import InferenceSession
+
+    session = InferenceSession.builder().optimization(optimization).from_graph(model)
+    ours = session.run(dict(feeds))
+    theirs = run_ort(model, feeds)
+    assert len(ours) == len(theirs), f"{len(ours)} outputs vs onnxruntime's {len(theirs)}"
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        b = np.asarray(b)
+        assert a.dtype == b.dtype, f"output {i}: dtype {a.dtype} vs onnxruntime's {b.dtype}"
+        assert a.shape == b.shape, f"output {i}: shape {a.shape} vs onnxruntime's {b.shape}"
+        if a.dtype.kind in "fc":
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"output {i}")
+        elif a.dtype.kind in "biuUSO":
+            np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+        else:  # ml_dtypes (bfloat16, float8...): compare as float32
+            np.testing.assert_allclose(
+                a.astype(np.float32), b.astype(np.float32), rtol=rtol, atol=atol, err_msg=f"output {i}"
+            )
+    return ours
