@@ -73,8 +73,8 @@ def node_model(
     by_name = {vi.name: vi for vi in inferred.graph.value_info}
     by_name.update({vi.name: vi for vi in inferred.graph.output})
     for o in outs:
-        vi = by_name.get(o)
-        model.graph.output.append(vi if vi is not None else helper.make_value_info(o, onnx.TypeProto()))
+        vi = by_name.get(o) or helper.make_value_info(o, onnx.TypeProto())
+        model.graph.output.append(vi)
     return model
 
 
@@ -112,7 +112,6 @@ def assert_matches_ort(
         elif a.dtype.kind in "biuUSO":
             np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
         else:  # ml_dtypes (bfloat16, float8...): compare as float32
-            np.testing.assert_allclose(
-                a.astype(np.float32), b.astype(np.float32), rtol=rtol, atol=atol, err_msg=f"output {i}"
-            )
+            a32, b32 = a.astype(np.float32), b.astype(np.float32)
+            np.testing.assert_allclose(a32, b32, rtol=rtol, atol=atol, err_msg=f"output {i}")
     return ours

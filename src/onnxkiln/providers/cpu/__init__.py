@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from onnxkiln.providers.cpu import linalg, math, nn, reduce, tensor  # noqa: F401  (register)
+from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the kernels)
+    activation,
+    conv,
+    index,
+    linalg,
+    math,
+    norm,
+    pool,
+    reduce,
+    tensor,
+)
 from onnxkiln.providers.cpu.registry import REGISTRY
 
 __all__ = ["REGISTRY"]

@@ -1,0 +1,62 @@
+"""onnxkiln: an ONNX inference runtime for Python."""
+
+from __future__ import annotations
+
+from onnxkiln.dtypes import DataType
+from onnxkiln.errors import (
+    CaptureError,
+    DeviceBindingError,
+    EpContextError,
+    ExecutionProviderUnavailableError,
+    InputNotFoundError,
+    InvalidInputError,
+    InvalidOptionError,
+    KernelError,
+    MemoryLimitError,
+    ModelLoadError,
+    SequenceOutputError,
+    SessionError,
+    ShapeError,
+    UnknownOptionError,
+    UnsupportedOpError,
+)
+from onnxkiln.session import InferenceSession, SessionBuilder
+from onnxkiln.types import (
+    CacheStats,
+    DeviceId,
+    DeviceType,
+    IoMeta,
+    ModelMetadata,
+    SessionOutput,
+    WarmupShape,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheStats",
+    "CaptureError",
+    "DataType",
+    "DeviceBindingError",
+    "DeviceId",
+    "DeviceType",
+    "EpContextError",
+    "ExecutionProviderUnavailableError",
+    "InferenceSession",
+    "InputNotFoundError",
+    "InvalidInputError",
+    "InvalidOptionError",
+    "IoMeta",
+    "KernelError",
+    "MemoryLimitError",
+    "ModelLoadError",
+    "ModelMetadata",
+    "SequenceOutputError",
+    "SessionBuilder",
+    "SessionError",
+    "SessionOutput",
+    "ShapeError",
+    "UnknownOptionError",
+    "UnsupportedOpError",
+    "WarmupShape",
+]

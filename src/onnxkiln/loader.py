@@ -1,0 +1,270 @@
+"""Model bytes or paths -> a checked, topologically sorted `onnx_ir.Model`.
+
+Checks made here, each failing with `ModelLoadError` naming the problem: the
+protobuf parses and has a graph; external data stays inside the model's folder
+and its files hold the bytes the tensors claim; every node input is defined;
+the graph has no cycle; every opset a node uses is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+from onnx_ir.passes.common import InlinePass
+
+from onnxkiln.errors import ModelLoadError
+
+__all__ = ["from_graph", "load_bytes", "load_path"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_path(path: str | os.PathLike) -> ir.Model:
+    """Read and check a model file; external data resolves beside it."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file '{p}' does not exist")
+    if p.is_dir():
+        raise ModelLoadError(f"'{p}' is a folder; give the path of the .onnx file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file '{p}': {e}") from e
+    return load_bytes(data, external_data_dir=p.resolve().parent, source=str(p))
+
+
+def load_bytes(
+    data: bytes | bytearray | memoryview,
+    external_data_dir: str | os.PathLike | None = None,
+    source: str = "<bytes>",
+) -> ir.Model:
+    """Parse and check a serialized ModelProto."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ModelLoadError(f"load_bytes expects bytes, got {type(data).__name__}")
+    if len(data) == 0:
+        raise ModelLoadError(f"{source}: the model is empty (0 bytes)")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(bytes(data))
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"{source}: not a valid ONNX protobuf ({e})") from e
+    base = Path(external_data_dir).resolve() if external_data_dir is not None else None
+    return _from_proto(proto, base, source)
+
+
+def from_graph(graph: ir.Graph | ir.Model | onnx.ModelProto | onnx.GraphProto) -> ir.Model:
+    """Wrap an in-memory graph or model; weights are read from its in-memory tensors."""
+    if isinstance(graph, onnx.ModelProto):
+        return _from_proto(graph, None, "<ModelProto>")
+    if isinstance(graph, onnx.GraphProto):
+        return _from_proto(onnx.helper.make_model(graph), None, "<GraphProto>")
+    if isinstance(graph, ir.Model):
+        return from_graph(ir.serde.serialize_model(graph))
+    if isinstance(graph, ir.Graph):
+        model = ir.Model(graph, ir_version=10)
+        return from_graph(ir.serde.serialize_model(model))
+    raise ModelLoadError(
+        f"from_graph expects onnx_ir.Graph, onnx_ir.Model or onnx.ModelProto, "
+        f"got {type(graph).__name__}"
+    )
+
+
+def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Model:
+    if not proto.HasField("graph"):
+        raise ModelLoadError(f"{source}: the model has no graph (is this an ONNX file?)")
+    if not proto.opset_import and proto.ir_version >= 3:
+        raise ModelLoadError(f"{source}: the model imports no opset")
+    for tensor in _all_tensors(proto):
+        _check_external(tensor, base, source)
+    _sort_graph(proto.graph, set(), source)
+    for func in proto.functions:
+        _check_function_defined(func, source)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:
+        raise ModelLoadError(f"{source}: cannot read the model: {e}") from e
+    if base is not None:
+        ir.external_data.set_base_dir(model.graph, base)
+    if model.functions:
+        InlinePass()(model)
+    _check_opsets(model, source)
+    return model
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto in the model: initializers and tensor attributes, subgraphs too."""
+    graphs = [proto.graph]
+    nodes = [n for f in proto.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            g = graphs.pop()
+            yield from g.initializer
+            yield from (s.values for s in g.sparse_initializer)
+            nodes.extend(g.node)
+            continue
+        node = nodes.pop()
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                graphs.append(a.g)
+            graphs.extend(a.graphs)
+
+
+def _check_external(tensor: onnx.TensorProto, base: Path | None, source: str) -> None:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    where = f"{source}: initializer '{tensor.name}' has external data at '{location}'"
+    if not location:
+        raise ModelLoadError(f"{where}: no location given")
+    if base is None:
+        raise ModelLoadError(
+            f"{where}, but the model was loaded from bytes with no folder; pass "
+            "external_data_dir= or load it by path"
+        )
+    loc = Path(location)
+    if loc.is_absolute() or loc.drive or ".." in loc.parts:
+        raise ModelLoadError(f"{where}, which escapes the model folder '{base}'; refused")
+    full = (base / loc).resolve()
+    if not full.is_relative_to(base):
+        raise ModelLoadError(
+            f"{where}, which resolves to '{full}' outside the model folder '{base}'; refused"
+        )
+    if not full.is_file():
+        raise ModelLoadError(f"{where}: file '{full}' is missing (missing initializer data)")
+    try:
+        offset = int(info.get("offset", "0") or 0)
+        length = int(info["length"]) if info.get("length") else None
+    except ValueError as e:
+        raise ModelLoadError(f"{where}: bad offset/length ({e})") from e
+    size = full.stat().st_size
+    if offset < 0 or (length is not None and length < 0):
+        raise ModelLoadError(f"{where}: negative offset or length")
+    need = offset + (length or 0)
+    if need > size or offset > size:
+        raise ModelLoadError(
+            f"{where}: needs bytes up to {need} but the file has {size} (truncated data?)"
+        )
+
+
+def _sort_graph(graph: onnx.GraphProto, outer: set[str], source: str) -> None:
+    """Topologically sort `graph.node` in place; undefined inputs and cycles are errors."""
+    known = set(outer)
+    known.update(i.name for i in graph.input)
+    known.update(t.name for t in graph.initializer)
+    known.update(s.values.name for s in graph.sparse_initializer)
+    producer: dict[str, int] = {}
+    for idx, node in enumerate(graph.node):
+        for out in node.output:
+            if not out:
+                continue
+            if out in producer or out in known - outer:
+                raise ModelLoadError(
+                    f"{source}: value '{out}' is defined twice (node "
+                    f"{_node_label(node)} and an earlier definition)"
+                )
+            producer[out] = idx
+    deps: list[set[int]] = []
+    for node in graph.node:
+        needed: set[int] = set()
+        for name in [*node.input, *_implicit_inputs(node)]:
+            if not name or (name in known and name not in producer):
+                continue
+            if name in producer:
+                needed.add(producer[name])
+            else:
+                raise ModelLoadError(
+                    f"{source}: node {_node_label(node)} uses value '{name}', which no node "
+                    "produces and is neither a graph input nor an initializer "
+                    "(undefined value or missing initializer)"
+                )
+        deps.append(needed)
+    order = _kahn(deps)
+    if order is None:
+        stuck = [_node_label(graph.node[i]) for i, d in enumerate(deps) if d]
+        raise ModelLoadError(
+            f"{source}: the graph has a cycle through nodes {', '.join(stuck[:8])}"
+        )
+    for out in graph.output:
+        if out.name not in producer and out.name not in known:
+            raise ModelLoadError(f"{source}: graph output '{out.name}' is never produced")
+    if order != list(range(len(order))):
+        nodes = [graph.node[i] for i in order]
+        copies = [onnx.NodeProto() for _ in nodes]
+        for c, n in zip(copies, nodes):
+            c.CopyFrom(n)
+        del graph.node[:]
+        graph.node.extend(copies)
+    scope = known | set(producer)
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                _sort_graph(sub, scope, source)
+
+
+def _implicit_inputs(node: onnx.NodeProto) -> Iterator[str]:
+    """Outer-scope names a node's subgraphs read (they make the node depend on them)."""
+    for a in node.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
+            inner = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            for n in sub.node:
+                inner.update(n.output)
+            for n in sub.node:
+                yield from (x for x in n.input if x and x not in inner)
+                yield from (x for x in _implicit_inputs(n) if x not in inner)
+
+
+def _kahn(deps: list[set[int]]) -> list[int] | None:
+    users: list[list[int]] = [[] for _ in deps]
+    missing = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    ready = [i for i, m in enumerate(missing) if m == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for u in reversed(users[i]):
+            missing[u] -= 1
+            if missing[u] == 0:
+                ready.append(u)
+    return order if len(order) == len(deps) else None
+
+
+def _check_function_defined(func: onnx.FunctionProto, source: str) -> None:
+    known = set(func.input)
+    for node in func.node:
+        for name in node.input:
+            if name and name not in known:
+                raise ModelLoadError(
+                    f"{source}: function '{func.domain}::{func.name}' node "
+                    f"{_node_label(node)} uses undefined value '{name}'"
+                )
+        known.update(node.output)
+
+
+def _check_opsets(model: ir.Model, source: str) -> None:
+    opsets = model.opset_imports
+    for node in model.graph.all_nodes():
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in opsets and not (domain == "" and "ai.onnx" in opsets):
+            raise ModelLoadError(
+                f"{source}: node '{node.name}' ({domain or 'ai.onnx'}::{node.op_type}) uses "
+                f"domain '{domain or 'ai.onnx'}', which the model does not import "
+                f"(imported: {dict(opsets)})"
+            )
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    return f"'{node.name or '<unnamed>'}' ({node.domain or 'ai.onnx'}::{node.op_type})"

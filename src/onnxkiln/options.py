@@ -1,0 +1,41 @@
+"""Session option keys accepted by `SessionBuilder.option`, with their allowed values."""
+
+from __future__ import annotations
+
+import difflib
+
+from onnxkiln.errors import InvalidOptionError, UnknownOptionError
+
+__all__ = ["OPTIMIZATION_LEVELS", "check_option"]
+
+OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+
+# key -> allowed values (None: any non-empty string)
+KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "ep.context_enable": ("0", "1"),
+    "ep.context_file_path": None,
+    "ep.context_embed_mode": ("0", "1"),
+    "ep.context_node_name_prefix": None,
+    "decode.verify": ("0", "1"),
+    "optimized_model_path": None,
+}
+
+
+def check_option(key: str, value: str) -> str:
+    """Return the value if `key` is known and `value` allowed; else a clear error."""
+    if key not in KNOWN_OPTIONS:
+        close = difflib.get_close_matches(key, list(KNOWN_OPTIONS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UnknownOptionError(
+            f"unknown session option '{key}'; valid keys are {sorted(KNOWN_OPTIONS)}{hint}"
+        )
+    if not isinstance(value, str):
+        raise InvalidOptionError(
+            f"option '{key}' takes a string value, got {type(value).__name__} {value!r}"
+        )
+    allowed = KNOWN_OPTIONS[key]
+    if allowed is None and not value:
+        raise InvalidOptionError(f"option '{key}' needs a non-empty value")
+    if allowed is not None and value not in allowed:
+        raise InvalidOptionError(f"option '{key}' must be one of {list(allowed)}, got {value!r}")
+    return value

@@ -1,0 +1,258 @@
+"""Graph -> Plan: ordered steps over numbered value slots, kernels built once per node."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxkiln.dtypes import DataType
+from onnxkiln.errors import ModelLoadError, UnsupportedOpError
+from onnxkiln.providers.base import KernelRegistry, KernelSpec, NodeInfo, normalize_domain
+
+__all__ = ["Plan", "Step", "build_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One node of the plan: its kernel and the slots it reads and writes."""
+
+    node_id: int
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    provider: str
+    spec: KernelSpec
+    kernel: Callable[..., Any]
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+
+
+@dataclass
+class Plan:
+    """A compiled graph: steps in execution order over value slots.
+
+    `input_slots` follow the graph inputs (initializer-backed inputs included, with
+    their initializer in `input_defaults`); `constants` maps slots to values known
+    before any run; `last_use[s]` is the step after which slot s is dead.
+    """
+
+    steps: list[Step]
+    slot_names: list[str]
+    input_slots: list[int]
+    input_defaults: dict[int, np.ndarray]
+    output_slots: list[int]
+    constants: dict[int, Any]
+    last_use: dict[int, int]
+    output_may_alias: list[bool] = field(default_factory=list)
+
+
+def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
+    """Resolve a kernel for every node and lay out slots; all missing kernels fail at once."""
+    graph = model.graph
+    opsets = {normalize_domain(d): v for d, v in model.opset_imports.items()}
+    slots: dict[ir.Value, int] = {}
+    names: list[str] = []
+
+    def slot_of(value: ir.Value) -> int:
+        s = slots.get(value)
+        if s is None:
+            s = slots[value] = len(names)
+            names.append(value.name or f"<value {s}>")
+        return s
+
+    initializers = dict(graph.initializers)
+    input_slots = [slot_of(v) for v in graph.inputs]
+    input_defaults: dict[int, np.ndarray] = {}
+    constants: dict[int, Any] = {}
+    for name, value in initializers.items():
+        array = _tensor_value(value, name)
+        if value.is_graph_input():
+            input_defaults[slot_of(value)] = array
+        else:
+            constants[slot_of(value)] = array
+
+    steps: list[Step] = []
+    missing: list[str] = []
+    external = set(input_slots) | set(constants)
+    for node_id, node in enumerate(graph):
+        domain = normalize_domain(node.domain)
+        opset = opsets.get(domain, 1)
+        spec, provider = _resolve(registries, domain, node.op_type, opset)
+        if spec is None:
+            missing.append(_describe_missing(node, domain, opset, registries))
+            continue
+        in_slots = tuple(None if v is None else slot_of(v) for v in node.inputs)
+        out_slots = tuple(None if (v is None or not v.name) else slot_of(v) for v in node.outputs)
+        info = _node_info(node, domain, opset, in_slots, out_slots, constants)
+        kernel = _build_kernel(spec, info)
+        if node.op_type == "Constant" and domain == "" and out_slots[0] is not None:
+            constants[out_slots[0]] = _run_constant(kernel, info)
+            external.add(out_slots[0])
+            continue
+        if spec.view and in_slots and in_slots[0] in external:
+            external.update(s for s in out_slots if s is not None)
+        steps.append(Step(node_id, node.name or f"{node.op_type}_{node_id}", node.op_type,
+                          domain, opset, provider, spec, kernel, in_slots, out_slots))
+    if missing:
+        asked = ", ".join(r.provider for r in registries)
+        raise UnsupportedOpError(
+            f"{len(missing)} node(s) have no kernel on the requested providers ({asked}):\n  "
+            + "\n  ".join(missing)
+        )
+
+    output_slots = [slot_of(v) for v in graph.outputs]
+    last_use: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        for s in (*step.inputs, *step.outputs):
+            if s is not None:
+                last_use[s] = i
+    for s in (*output_slots, *constants, *input_defaults):
+        last_use.pop(s, None)
+    for s in input_slots:
+        last_use.setdefault(s, -1)
+    _check_outputs_defined(graph, output_slots, steps, input_slots, constants, names)
+    return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
+                [s in external for s in output_slots])
+
+
+def _resolve(registries: Sequence[KernelRegistry], domain: str, op_type: str, opset: int):
+    for registry in registries:
+        spec = registry.resolve(domain, op_type, opset)
+        if spec is not None:
+            return spec, registry.provider
+    return None, ""
+
+
+def _describe_missing(node: ir.Node, domain: str, opset: int, registries) -> str:
+    types = ", ".join(_type_str(v) for v in node.inputs)
+    text = f"'{node.name or '<unnamed>'}' {domain or 'ai.onnx'}::{node.op_type} opset {opset}"
+    text += f", inputs ({types})"
+    for registry in registries:
+        versions = registry.versions(domain, node.op_type)
+        if versions:
+            spans = ", ".join(f"{a}-{b if b is not None else '∞'}" for a, b in versions)
+            text += f"; {registry.provider} has {node.op_type} for opsets {spans} only"
+    return text
+
+
+def _type_str(value: ir.Value | None) -> str:
+    if value is None:
+        return "<absent>"
+    dtype = str(DataType(value.dtype)) if value.dtype is not None else "?"
+    if value.shape is None:
+        return f"{dtype}[?]"
+    return f"{dtype}[{','.join(str(d) for d in value.shape)}]"
+
+
+def _node_info(node, domain, opset, in_slots, out_slots, constants) -> NodeInfo:
+    return NodeInfo(
+        name=node.name or f"{node.op_type}",
+        op_type=node.op_type,
+        domain=domain,
+        opset=opset,
+        attrs=_attributes(node, domain, opset),
+        n_inputs=len(in_slots),
+        n_outputs=len(out_slots),
+        input_present=tuple(s is not None for s in in_slots),
+        output_present=tuple(s is not None for s in out_slots),
+        input_dtypes=tuple(_dtype(v) for v in node.inputs),
+        output_dtypes=tuple(_dtype(v) for v in node.outputs),
+        input_shapes=tuple(_shape(v) for v in node.inputs),
+        const_inputs=tuple(None if s is None else constants.get(s) for s in in_slots),
+    )
+
+
+def _dtype(value: ir.Value | None) -> DataType | None:
+    if value is None or value.dtype is None:
+        return None
+    try:
+        return DataType(value.dtype)
+    except ValueError:
+        return None
+
+
+def _shape(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
+    if value is None or value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def _build_kernel(spec: KernelSpec, info: NodeInfo) -> Callable[..., Any]:
+    try:
+        return spec.build(info)
+    except (ValueError, TypeError, KeyError, NotImplementedError, IndexError) as e:
+        raise ModelLoadError(f"node {info.describe()}: {e}") from e
+
+
+def _run_constant(kernel: Callable[..., Any], info: NodeInfo) -> Any:
+    try:
+        return kernel()
+    except (ValueError, TypeError, KeyError, NotImplementedError) as e:
+        raise ModelLoadError(f"node {info.describe()}: {e}") from e
+
+
+def _tensor_value(value: ir.Value, name: str) -> np.ndarray:
+    tensor = value.const_value
+    if tensor is None:
+        raise ModelLoadError(f"initializer '{name}' has no data (missing initializer)")
+    try:
+        return tensor.numpy()
+    except Exception as e:
+        raise ModelLoadError(f"initializer '{name}' cannot be read: {e}") from e
+
+
+def _attributes(node: ir.Node, domain: str, opset: int) -> dict[str, Any]:
+    attrs = dict(_schema_defaults(node.op_type, domain, opset))
+    for name, attr in node.attributes.items():
+        attrs[name] = _attr_value(attr)
+    return attrs
+
+
+def _attr_value(attr: ir.Attr) -> Any:
+    t, v = attr.type, attr.value
+    if t == ir.AttributeType.TENSOR:
+        return v.numpy()
+    if t == ir.AttributeType.TENSORS:
+        return [x.numpy() for x in v]
+    if t in (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS):
+        return list(v)
+    if t == ir.AttributeType.GRAPHS:
+        return list(v)
+    return v
+
+
+@functools.cache
+def _schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]:
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    out: dict[str, Any] = {}
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        if default.type == onnx.AttributeProto.UNDEFINED:
+            continue
+        value = onnx.helper.get_attribute_value(default)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [x.decode() for x in value]
+        elif isinstance(value, onnx.TensorProto):
+            value = onnx.numpy_helper.to_array(value)
+        out[name] = value
+    return out
+
+
+def _check_outputs_defined(graph, output_slots, steps, input_slots, constants, names) -> None:
+    produced = {s for step in steps for s in step.outputs if s is not None}
+    produced |= set(input_slots) | set(constants)
+    for value, s in zip(graph.outputs, output_slots):
+        if s not in produced:
+            raise ModelLoadError(f"graph output '{value.name}' is never produced")

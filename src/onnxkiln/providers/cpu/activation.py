@@ -1,0 +1,3 @@
+"""CPU kernels: activation (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: conv (being written)."""
+
+from __future__ import annotations

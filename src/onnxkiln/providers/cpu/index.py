@@ -1,0 +1,3 @@
+"""CPU kernels: index (being written)."""
+
+from __future__ import annotations

@@ -1,3 +1,0 @@
-"""CPU kernels: nn (being written)."""
-
-from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: norm (being written)."""
+
+from __future__ import annotations

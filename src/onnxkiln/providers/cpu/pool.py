@@ -1,0 +1,3 @@
+"""CPU kernels: pool (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,117 @@
+"""Public value types: IoMeta, ModelMetadata, SessionOutput, DeviceId, CacheStats."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.dtypes import DataType
+from onnxkiln.errors import SequenceOutputError
+
+__all__ = [
+    "CacheStats",
+    "DeviceId",
+    "DeviceType",
+    "IoMeta",
+    "ModelMetadata",
+    "SessionOutput",
+    "WarmupShape",
+]
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class IoMeta:
+    """A graph input or output: name, element type, shape (symbolic dims by name), kind."""
+
+    name: str
+    dtype: DataType
+    shape: tuple[Dim, ...] | None
+    kind: str = "tensor"
+    optional: bool = False
+
+    def __str__(self) -> str:
+        if self.shape is None:
+            return f"{self.name}: {self.dtype}[?]"
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What the model file says about itself."""
+
+    ir_version: int
+    producer_name: str
+    producer_version: str
+    domain: str
+    model_version: int
+    doc_string: str
+    graph_name: str
+    metadata_props: dict[str, str] = field(default_factory=dict)
+    opset_imports: dict[str, int] = field(default_factory=dict)
+
+
+class DeviceType(enum.Enum):
+    """Kinds of device a session can run on."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device: its type and index (0 for the CPU)."""
+
+    type: DeviceType
+    index: int = 0
+
+    def __str__(self) -> str:
+        return self.type.value if self.type is DeviceType.CPU else f"cuda:{self.index}"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of the specialisation cache (keyed by input dtypes and shapes)."""
+
+    entries: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    """An input shape to build a specialisation for ahead of the first run."""
+
+    input_name: str
+    shape: tuple[int, ...]
+    dtype: DataType | None = None
+
+
+@dataclass(frozen=True)
+class SessionOutput:
+    """One graph output as produced: a tensor, a sequence, a map, or an optional."""
+
+    name: str
+    kind: str
+    value: Any
+
+    def as_tensor(self) -> np.ndarray:
+        """The output as a numpy array; raises if it is a sequence or map."""
+        if self.kind != "tensor":
+            raise SequenceOutputError(
+                f"output '{self.name}' is a {self.kind}, not a tensor; use .as_sequence() "
+                "or .value"
+            )
+        return self.value
+
+    def as_sequence(self) -> list[Any]:
+        """The output as a list; raises if it is not a sequence."""
+        if self.kind != "sequence":
+            raise SequenceOutputError(f"output '{self.name}' is a {self.kind}, not a sequence")
+        return list(self.value)

@@ -1,0 +1,198 @@
+"""Checks and converts the inputs of a run against the graph's declared inputs."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.dtypes import DataType, from_numpy, to_numpy
+from onnxkiln.errors import InputNotFoundError, InvalidInputError, ShapeError
+from onnxkiln.types import IoMeta
+
+__all__ = ["InputSpec", "InputValidator"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """One declared input, precomputed for fast checks."""
+
+    meta: IoMeta
+    position: int
+    np_dtype: np.dtype | None
+    default: np.ndarray | None
+
+
+class InputValidator:
+    """Turns user inputs into the positional list a plan runs on, or raises a clear error."""
+
+    def __init__(self, metas: Sequence[IoMeta], defaults: Sequence[np.ndarray | None]) -> None:
+        self.specs = [
+            InputSpec(m, i, _np_dtype(m), d) for i, (m, d) in enumerate(zip(metas, defaults))
+        ]
+        self.by_name = {s.meta.name: s for s in self.specs}
+        self.names = [m.name for m in metas]
+
+    def bind(self, inputs: Any) -> tuple[list[Any], tuple]:
+        """Positional values and the run's signature (dtype and shape per input)."""
+        given = self._normalise(inputs)
+        values: list[Any] = [None] * len(self.specs)
+        for name, raw in given.items():
+            spec = self.by_name.get(name)
+            if spec is None:
+                raise InputNotFoundError(self._unknown(name))
+            values[spec.position] = self._convert(spec, raw)
+        missing = [s.meta.name for s in self.specs if values[s.position] is None]
+        for name in missing:
+            spec = self.by_name[name]
+            if spec.default is not None:
+                values[spec.position] = spec.default
+            elif not spec.meta.optional:
+                required = [s.meta.name for s in self.specs if not s.meta.optional]
+                raise InputNotFoundError(
+                    f"missing required input '{name}' ({spec.meta}); the model requires "
+                    f"{required}"
+                )
+        self._check_symbols(values)
+        signature = tuple(
+            (v.dtype, v.shape) if isinstance(v, np.ndarray) else (type(v), None) for v in values
+        )
+        return values, signature
+
+    def _normalise(self, inputs: Any) -> dict[str, Any]:
+        if isinstance(inputs, Mapping):
+            items = list(inputs.items())
+        elif isinstance(inputs, Sequence) and not isinstance(inputs, str | bytes):
+            items = []
+            for item in inputs:
+                if not (isinstance(item, tuple | list) and len(item) == 2):
+                    raise InvalidInputError(
+                        "inputs must be a mapping {name: array} or a sequence of (name, array) "
+                        f"pairs; got an item of type {type(item).__name__}"
+                    )
+                items.append((item[0], item[1]))
+        else:
+            raise InvalidInputError(
+                "inputs must be a mapping {name: array} or a sequence of (name, array) pairs, "
+                f"got {type(inputs).__name__}"
+            )
+        out: dict[str, Any] = {}
+        for name, value in items:
+            if not isinstance(name, str):
+                raise InvalidInputError(f"input names must be str, got {name!r}")
+            if name in out:
+                raise InvalidInputError(f"input '{name}' is given twice")
+            out[name] = value
+        return out
+
+    def _unknown(self, name: str) -> str:
+        close = difflib.get_close_matches(name, self.names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"unknown input '{name}'; the model's inputs are {self.names}{hint}"
+
+    def _convert(self, spec: InputSpec, raw: Any) -> Any:
+        meta = spec.meta
+        if meta.kind != "tensor":
+            return raw
+        expected = spec.np_dtype
+        if isinstance(raw, np.ndarray):
+            array = raw
+        elif isinstance(raw, np.generic) or hasattr(raw, "__array__"):
+            array = np.asarray(raw)
+        elif hasattr(raw, "__dlpack__"):
+            array = np.from_dlpack(raw)
+        else:
+            array = _from_python(raw, expected, meta)
+        if expected is not None and array.dtype != expected:
+            if not (expected.kind == "O" and array.dtype.kind in "UO"):
+                raise InvalidInputError(
+                    f"input '{meta.name}' expects {meta.dtype} ({meta}), got {_describe(array)}; "
+                    f"cast it with x.astype({_np_name(expected)})"
+                )
+            array = array.astype(object)
+        _check_shape(meta, array)
+        return array
+
+    def _check_symbols(self, values: list[Any]) -> None:
+        seen: dict[str, tuple[int, str, int]] = {}
+        for spec, value in zip(self.specs, values):
+            shape = spec.meta.shape
+            if shape is None or not isinstance(value, np.ndarray):
+                continue
+            for axis, dim in enumerate(shape):
+                if not isinstance(dim, str):
+                    continue
+                size = value.shape[axis]
+                first = seen.setdefault(dim, (size, spec.meta.name, axis))
+                if first[0] != size:
+                    raise ShapeError(
+                        f"dim '{dim}' = {first[0]} from input '{first[1]}' (axis {first[2]}) "
+                        f"but {size} in input '{spec.meta.name}' (axis {axis})"
+                    )
+
+
+def _check_shape(meta: IoMeta, array: np.ndarray) -> None:
+    if meta.shape is None:
+        return
+    if array.ndim != len(meta.shape):
+        raise ShapeError(
+            f"input '{meta.name}' expects rank {len(meta.shape)} ({meta}), got shape "
+            f"{tuple(array.shape)} (rank {array.ndim})"
+        )
+    for axis, (want, got) in enumerate(zip(meta.shape, array.shape)):
+        if isinstance(want, int) and want != got:
+            raise ShapeError(
+                f"input '{meta.name}' expects dim {want} at axis {axis} ({meta}), got shape "
+                f"{tuple(array.shape)}"
+            )
+
+
+def _from_python(raw: Any, expected: np.dtype | None, meta: IoMeta) -> np.ndarray:
+    """Python scalars and (nested) lists: take the model's dtype when no precision is lost."""
+    try:
+        natural = np.asarray(raw)
+    except (ValueError, TypeError) as e:
+        raise InvalidInputError(f"input '{meta.name}': cannot make an array of {raw!r}: {e}") from e
+    if natural.dtype == object and expected is not None and expected.kind != "O":
+        raise InvalidInputError(
+            f"input '{meta.name}' expects {meta.dtype}, got a {type(raw).__name__} that is "
+            "not a rectangular array of numbers"
+        )
+    if expected is None or natural.dtype == expected:
+        return natural
+    if natural.dtype.kind in "US" and expected.kind == "O":
+        return natural.astype(object)
+    if natural.size == 0 or np.can_cast(natural.dtype, expected, casting="same_kind"):
+        return natural.astype(expected)
+    raise InvalidInputError(
+        f"input '{meta.name}' expects {meta.dtype}, got Python values of kind "
+        f"{natural.dtype}; convert them first"
+    )
+
+
+def _np_dtype(meta: IoMeta) -> np.dtype | None:
+    if meta.dtype == DataType.UNDEFINED:
+        return None
+    try:
+        return to_numpy(meta.dtype)
+    except KeyError:
+        return None
+
+
+def _np_name(dtype: np.dtype) -> str:
+    """How to spell the dtype in a cast: np.float32, ml_dtypes.bfloat16, object."""
+    if dtype.kind == "O":
+        return "object"
+    module = "ml_dtypes" if dtype.type.__module__.startswith("ml_dtypes") else "np"
+    return f"{module}.{dtype.name}"
+
+
+def _describe(array: np.ndarray) -> str:
+    try:
+        name = str(from_numpy(array.dtype))
+    except KeyError:
+        name = str(array.dtype)
+    return f"{name} array of shape {tuple(array.shape)}"
