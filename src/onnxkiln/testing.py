@@ -9,7 +9,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["assert_matches_ort", "make_model", "node_model", "run_ort", "tensor_info"]
+__all__ = [
+    "assert_matches_ort",
+    "make_model",
+    "node_model",
+    "ort_session",
+    "run_ort",
+    "tensor_info",
+]
 
 DEFAULT_OPSET = 21
 
@@ -78,15 +85,21 @@ def node_model(
     return model
 
 
-def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Run `model` on onnxruntime's CPU provider with graph optimizations disabled."""
+def ort_session(model: onnx.ModelProto, optimize: bool = False):
+    """An onnxruntime CPU session for `model` (graph optimizations off unless `optimize`)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, dict(feeds))
+    data = model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run `model` on onnxruntime's CPU provider with graph optimizations disabled."""
+    return ort_session(model).run(None, dict(feeds))
 
 
 def assert_matches_ort(

@@ -1,0 +1,330 @@
+"""InferenceSession: running, input validation, metadata, builder options, caches."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import onnxkiln as ok
+from onnxkiln import (
+    DataType,
+    ExecutionProviderUnavailableError,
+    InferenceSession,
+    InputNotFoundError,
+    InvalidInputError,
+    InvalidOptionError,
+    KernelError,
+    SequenceOutputError,
+    ShapeError,
+    UnknownOptionError,
+)
+from onnxkiln.testing import make_model, tensor_info
+
+
+def _two_input_model() -> onnx.ModelProto:
+    """y = relu(a + b), z = a * 2 with a symbolic batch dim shared by both inputs."""
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+        helper.make_node("Mul", ["a", "two"], ["z"], name="double"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("a", np.float32, ["batch", 3]), tensor_info("b", np.float32, ["batch", 3])],
+        [tensor_info("y", np.float32, ["batch", 3]), tensor_info("z", np.float32, ["batch", 3])],
+        {"two": np.float32(2)},
+        name="two_inputs",
+    )
+    model.producer_name = "unit-test"
+    model.producer_version = "1.2"
+    model.model_version = 7
+    model.doc_string = "a test model"
+    helper.set_model_props(model, {"author": "onnxkiln", "purpose": "tests"})
+    return model
+
+
+A = np.array([[1, -2, 3], [-4, 5, -6]], dtype=np.float32)
+B = np.array([[0.5, 0.5, -5], [1, 1, 1]], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def session() -> InferenceSession:
+    return InferenceSession.from_graph(_two_input_model())
+
+
+def test_run_returns_outputs_in_graph_order(session):
+    y, z = session.run({"a": A, "b": B})
+    np.testing.assert_array_equal(y, np.maximum(A + B, 0))
+    np.testing.assert_array_equal(z, A * 2)
+    assert y.dtype == np.float32 and z.dtype == np.float32
+
+
+def test_run_accepts_pairs_and_python_lists(session):
+    y, z = session.run([("a", A.tolist()), ("b", B)])
+    np.testing.assert_array_equal(y, np.maximum(A + B, 0))
+    assert y.dtype == np.float32
+
+
+def test_run_outputs_keeps_kinds(session):
+    res = session.run_outputs({"a": A, "b": B})
+    assert [r.name for r in res] == ["y", "z"]
+    assert all(r.kind == "tensor" for r in res)
+    np.testing.assert_array_equal(res[1].as_tensor(), A * 2)
+    with pytest.raises(SequenceOutputError):
+        res[0].as_sequence()
+
+
+def test_unknown_input_lists_valid_names_and_closest(session):
+    with pytest.raises(InputNotFoundError) as info:
+        session.run({"a": A, "bb": B})
+    text = str(info.value)
+    assert "unknown input 'bb'" in text and "['a', 'b']" in text and "did you mean 'b'" in text
+    assert isinstance(info.value, KeyError)
+
+
+def test_missing_required_input_is_named(session):
+    with pytest.raises(InputNotFoundError, match="missing required input 'b'.*requires"):
+        session.run({"a": A})
+
+
+def test_duplicate_input_is_rejected(session):
+    with pytest.raises(InvalidInputError, match="input 'a' is given twice"):
+        session.run([("a", A), ("a", A), ("b", B)])
+
+
+def test_dtype_mismatch_says_expected_got_and_how_to_cast(session):
+    with pytest.raises(InvalidInputError) as info:
+        session.run({"a": A.astype(np.float64), "b": B})
+    text = str(info.value)
+    assert "expects float32" in text and "got float64 array of shape (2, 3)" in text
+    assert "x.astype(np.float32)" in text
+    assert isinstance(info.value, ValueError)
+
+
+def test_python_floats_for_an_int_input_are_refused():
+    model = make_model([helper.make_node("Identity", ["i"], ["o"])],
+                       [tensor_info("i", np.int64, [2])], [tensor_info("o", np.int64, [2])])
+    s = InferenceSession.from_graph(model)
+    np.testing.assert_array_equal(s.run({"i": [3, 4]})[0], np.array([3, 4], np.int64))
+    with pytest.raises(InvalidInputError, match="expects int64"):
+        s.run({"i": [1.5, 2.0]})
+
+
+def test_rank_and_static_dim_mismatch(session):
+    with pytest.raises(ShapeError, match=r"expects rank 2.*got shape \(3,\)"):
+        session.run({"a": A[0], "b": B})
+    with pytest.raises(ShapeError, match=r"expects dim 3 at axis 1.*got shape \(2, 2\)"):
+        session.run({"a": A[:, :2], "b": B})
+
+
+def test_symbolic_dim_bound_twice_names_both_inputs(session):
+    with pytest.raises(ShapeError) as info:
+        session.run({"a": A, "b": B[:1]})
+    text = str(info.value)
+    assert "dim 'batch' = 2 from input 'a' (axis 0)" in text and "1 in input 'b' (axis 0)" in text
+
+
+def test_inputs_outputs_metadata(session):
+    ins, outs = session.inputs(), session.outputs()
+    assert [(m.name, m.dtype, m.shape, m.kind, m.optional) for m in ins] == [
+        ("a", DataType.FLOAT, ("batch", 3), "tensor", False),
+        ("b", DataType.FLOAT, ("batch", 3), "tensor", False),
+    ]
+    assert [(m.name, m.shape) for m in outs] == [("y", ("batch", 3)), ("z", ("batch", 3))]
+
+
+def test_model_metadata(session):
+    meta = session.model_metadata()
+    assert meta.producer_name == "unit-test" and meta.producer_version == "1.2"
+    assert meta.model_version == 7 and meta.doc_string == "a test model"
+    assert meta.graph_name == "two_inputs"
+    assert meta.metadata_props == {"author": "onnxkiln", "purpose": "tests"}
+    assert meta.opset_imports == {"": 21}
+    assert meta.ir_version == 10
+
+
+def test_graph_and_device_id(session):
+    assert [n.op_type for n in session.graph()] == ["Add", "Relu", "Mul"]
+    assert session.device_id() == ok.DeviceId(ok.DeviceType.CPU, 0)
+    assert str(session.device_id()) == "cpu"
+
+
+def test_specialisation_cache_counts_signatures():
+    s = InferenceSession.from_graph(_two_input_model())
+    s.run({"a": A, "b": B})
+    s.run({"a": A + 1, "b": B})
+    assert s.cache_stats() == ok.CacheStats(entries=1, hits=1, misses=1, evictions=0)
+    s.run({"a": A[:1], "b": B[:1]})
+    assert s.cache_stats() == ok.CacheStats(entries=2, hits=1, misses=2, evictions=0)
+
+
+def test_warmup_makes_the_first_run_a_hit():
+    s = (InferenceSession.builder()
+         .warmup([ok.WarmupShape("a", (4, 3)), ok.WarmupShape("b", (4, 3))])
+         .from_graph(_two_input_model()))
+    assert s.cache_stats().misses == 1
+    s.run({"a": np.ones((4, 3), np.float32), "b": np.ones((4, 3), np.float32)})
+    assert s.cache_stats() == ok.CacheStats(entries=1, hits=1, misses=1, evictions=0)
+    with pytest.raises(InputNotFoundError, match="warmup names unknown input 'c'"):
+        s.warmup([ok.WarmupShape("c", (1,))])
+
+
+def test_builder_rejects_unknown_options_and_bad_values():
+    b = InferenceSession.builder()
+    with pytest.raises(UnknownOptionError) as info:
+        b.option("ep.context_enabled", "1")
+    assert "ep.context_enable" in str(info.value) and "valid keys" in str(info.value)
+    with pytest.raises(InvalidOptionError, match=r"must be one of \['0', '1'\], got 'yes'"):
+        b.option("ep.context_enable", "yes")
+    with pytest.raises(InvalidOptionError, match="optimization level"):
+        b.optimization("max")
+    with pytest.raises(InvalidOptionError, match="device must be"):
+        b.device("tpu")
+    with pytest.raises(InvalidOptionError, match="intra_op_threads"):
+        b.intra_op_threads(0)
+    with pytest.raises(InvalidOptionError, match="unknown provider 'rocm'"):
+        b.providers(["rocm"]).from_graph(_two_input_model())
+    assert b.option("ep.context_enable", "1") is b
+
+
+def test_builder_stores_optimization_level():
+    s = InferenceSession.builder().optimization("basic").from_graph(_two_input_model())
+    assert s._optimization == "basic"
+
+
+def test_cuda_without_cpu_is_an_error_when_cuda_cannot_run():
+    with pytest.raises(ExecutionProviderUnavailableError, match="cuda.*without 'cpu'"):
+        InferenceSession.builder().providers(["cuda"]).from_graph(_two_input_model())
+
+
+def test_cuda_device_falls_back_to_cpu_with_a_warning(caplog):
+    from onnxkiln import partition
+
+    partition._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="onnxkiln.partition"):
+        s = InferenceSession.builder().device("cuda").from_graph(_two_input_model())
+    assert s.device_id().type is ok.DeviceType.CPU
+    assert any("CUDA requested but unavailable" in r.message for r in caplog.records)
+    np.testing.assert_array_equal(s.run({"a": A, "b": B})[1], A * 2)
+
+
+def test_intra_op_threads_limits_blas_during_run(monkeypatch):
+    from onnxkiln import session as session_module
+    from onnxkiln.threads import thread_limit
+
+    seen = []
+
+    def spy(n):
+        seen.append(n)
+        return thread_limit(n)
+
+    monkeypatch.setattr(session_module, "thread_limit", spy)
+    s = InferenceSession.builder().intra_op_threads(1).from_graph(_two_input_model())
+    s.run({"a": A, "b": B})
+    assert seen == [1]
+
+
+def test_thread_limit_sets_blas_threads():
+    from threadpoolctl import threadpool_info
+
+    from onnxkiln.threads import thread_limit
+
+    with thread_limit(1):
+        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+        assert blas and all(p["num_threads"] == 1 for p in blas)
+
+
+def test_kernel_failure_names_node_and_chains_the_cause():
+    model = make_model(
+        [helper.make_node("Gather", ["data", "idx"], ["y"], name="lookup", axis=0)],
+        [tensor_info("data", np.float32, [3, 2]), tensor_info("idx", np.int64, [1])],
+        [tensor_info("y", np.float32, [1, 2])],
+    )
+    s = InferenceSession.from_graph(model)
+    with pytest.raises(KernelError) as info:
+        s.run({"data": np.zeros((3, 2), np.float32), "idx": np.array([7])})
+    assert info.value.node_name == "lookup" and info.value.op_type == "Gather"
+    assert "node 'lookup' (ai.onnx::Gather opset 21" in str(info.value)
+    assert info.value.__cause__ is not None
+
+
+def test_outputs_never_alias_inputs_or_weights():
+    w = np.arange(4, dtype=np.float32)
+    model = make_model(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["w"], ["z"])],
+        [tensor_info("x", np.float32, [4])],
+        [tensor_info("y", np.float32, [4]), tensor_info("z", np.float32, [4])], {"w": w},
+    )
+    s = InferenceSession.from_graph(model)
+    x = np.ones(4, np.float32)
+    y, z = s.run({"x": x})
+    y[:] = 5
+    z[:] = 5
+    np.testing.assert_array_equal(x, 1)
+    np.testing.assert_array_equal(s.run({"x": x})[1], w)
+
+
+def test_initializer_backed_input_is_optional_and_overridable():
+    model = make_model(
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        [tensor_info("x", np.float32, [2]), tensor_info("bias", np.float32, [2])],
+        [tensor_info("y", np.float32, [2])], {"bias": np.array([10, 20], np.float32)},
+    )
+    s = InferenceSession.from_graph(model)
+    assert [(m.name, m.optional) for m in s.inputs()] == [("x", False), ("bias", True)]
+    x = np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(s.run({"x": x})[0], [11, 22])
+    np.testing.assert_array_equal(s.run({"x": x, "bias": x})[0], [2, 4])
+
+
+def test_values_are_freed_after_their_last_use():
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+         helper.make_node("Add", ["x", "b"], ["y"])],
+        [tensor_info("x", np.float32, [2])], [tensor_info("y", np.float32, [2])],
+    )
+    s = InferenceSession.from_graph(model)
+    plan = s._plan
+    slot = {n: i for i, n in enumerate(plan.slot_names)}
+    assert plan.last_use[slot["a"]] == 1 and plan.last_use[slot["b"]] == 2
+    assert plan.last_use[slot["x"]] == 2 and slot["y"] not in plan.last_use
+    source = s._compiled.source.splitlines()
+    assert source[source.index(f"    v{slot['b']} = k1(v{slot['a']})") + 1] == f"    del v{slot['a']}"
+    np.testing.assert_array_equal(s.run({"x": np.array([-1, 2], np.float32)})[0], [-1, 0])
+
+
+def test_constant_nodes_are_evaluated_at_plan_time():
+    model = make_model(
+        [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", 1, [2], [3, 4])),
+         helper.make_node("Mul", ["x", "c"], ["y"])],
+        [tensor_info("x", np.float32, [2])], [tensor_info("y", np.float32, [2])],
+    )
+    s = InferenceSession.from_graph(model)
+    assert [st.op_type for st in s._plan.steps] == ["Mul"]
+    np.testing.assert_array_equal(s.run({"x": np.array([1, 2], np.float32)})[0], [3, 8])
+
+
+def test_concurrent_runs_from_threads_are_correct(session):
+    rng = np.random.default_rng(0)
+    feeds = [{"a": rng.standard_normal((5, 3)).astype(np.float32),
+              "b": rng.standard_normal((5, 3)).astype(np.float32)} for _ in range(8)]
+    errors = []
+
+    def work(f):
+        for _ in range(50):
+            y, z = session.run(f)
+            if not (np.array_equal(y, np.maximum(f["a"] + f["b"], 0))
+                    and np.array_equal(z, f["a"] * 2)):
+                errors.append("mismatch")
+
+    threads = [threading.Thread(target=work, args=(f,)) for f in feeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
