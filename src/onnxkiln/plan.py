@@ -113,10 +113,10 @@ def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
         for s in (*step.inputs, *step.outputs):
             if s is not None:
                 last_use[s] = i
-    for s in (*output_slots, *constants, *input_defaults):
-        last_use.pop(s, None)
     for s in input_slots:
         last_use.setdefault(s, -1)
+    for s in (*output_slots, *constants):
+        last_use.pop(s, None)
     _check_outputs_defined(graph, output_slots, steps, input_slots, constants, names)
     return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
                 [s in external for s in output_slots])
