@@ -1,0 +1,71 @@
+"""The `onnxkiln` command: run, info, demo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxkiln.cli import main
+from onnxkiln.testing import make_model, tensor_info
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+        [tensor_info("x", np.float32, ["batch", 3])], [tensor_info("y", np.float32, ["batch", 2])],
+        {"w": np.array([[1, -1], [2, -2], [3, -3]], np.float32)}, name="tiny",
+    )
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_run_with_an_input_file_prints_and_saves_outputs(model_path, tmp_path, capsys):
+    x = np.array([[1, 0, 1], [0, 1, 0]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = main(["run", str(model_path), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "3",
+                 "--save", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "y" in out and "float32" in out and "(2, 2)" in out and "3 runs" in out
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), [[4, 0], [2, 0]])
+
+
+def test_run_with_random_inputs_binds_symbolic_dims(model_path, tmp_path, capsys):
+    code = main(["run", str(model_path), "--input", "x=random", "--dim", "batch=5",
+                 "--save", str(tmp_path / "o")])
+    assert code == 0
+    y = np.load(tmp_path / "o" / "y.npy")
+    assert y.shape == (5, 2) and (y >= 0).all()
+
+
+def test_run_reports_unknown_inputs_and_model_errors(model_path, tmp_path, capsys):
+    assert main(["run", str(model_path), "--input", "z=random"]) == 2
+    assert "unknown input(s) ['z']" in capsys.readouterr().out
+    assert main(["run", str(tmp_path / "missing.onnx")]) == 2
+    assert "ModelLoadError" in capsys.readouterr().out
+
+
+def test_info_lists_io_opsets_histogram_and_size(model_path, capsys):
+    assert main(["info", str(model_path)]) == 0
+    out = capsys.readouterr().out
+    assert "graph 'tiny'" in out and "ai.onnx 21" in out
+    assert "ai.onnx::MatMul" in out and "ai.onnx::Relu" in out and "2 nodes" in out
+    assert "('batch', 3)" in out and "('batch', 2)" in out
+    assert "6 parameters" in out
+
+
+def test_demo_runs_and_compares_with_onnxruntime():
+    pytest.importorskip("onnxruntime")
+    proc = subprocess.run([sys.executable, "-m", "onnxkiln.cli", "demo", "--repeat", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "onnxkiln: 2 runs" in proc.stdout and "onnxruntime: 2 runs" in proc.stdout
+    diff = float(proc.stdout.split("max |onnxkiln - onnxruntime| = ")[1].split(";")[0])
+    assert diff < 1e-3
