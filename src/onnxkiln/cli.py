@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `onnxkiln` command; returns the process exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         return args.func(args, console)
     except SessionError as e:

@@ -1,3 +1,401 @@
-"""CPU kernels: conv (being written)."""
+"""CPU kernels: Conv (im2col + BLAS, depthwise and 1x1 fast paths) and ConvTranspose."""
 
 from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu._window import (
+    Geometry,
+    compute_dtype,
+    geometry,
+    int_tuple,
+    padded_copy,
+)
+from onnxkiln.providers.cpu.registry import kernel
+
+__all__ = ["conv", "conv_transpose"]
+
+_MAX_PLANS = 16
+
+
+def _const(info: NodeInfo, i: int) -> np.ndarray | None:
+    return info.const_inputs[i] if len(info.const_inputs) > i else None
+
+
+def _finish(res: np.ndarray, bias: np.ndarray | None, out_dtype: np.dtype, fresh: bool):
+    """Add bias and cast to the output dtype in one pass; never returns an input's memory."""
+    if fresh and res.dtype == out_dtype and res.flags.c_contiguous:
+        if bias is not None:
+            np.add(res, bias, out=res)
+        return res
+    if out_dtype.kind == "V":  # ml_dtypes (bfloat16): no ufunc output loops
+        return (res + bias if bias is not None else res).astype(out_dtype)
+    y = np.empty(res.shape, dtype=out_dtype)
+    if bias is not None:
+        np.add(res, bias, out=y, casting="unsafe")
+    else:
+        np.copyto(y, res, casting="unsafe")
+    return y
+
+
+def _check_channels(op: str, x: np.ndarray, w: np.ndarray, group: int, transpose: bool) -> None:
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ValueError(
+            f"{op}: X must be (N, C, D1, ...) and W of the same rank; got X {x.shape}, W {w.shape}"
+        )
+    c = x.shape[1]
+    if group < 1 or c % group:
+        raise ValueError(f"{op}: input channels {c} not divisible by group {group}")
+    if transpose:
+        if w.shape[0] != c:
+            raise ValueError(f"{op}: W {w.shape} must have {c} (input channels) in dim 0")
+    else:
+        if w.shape[1] * group != c or w.shape[0] % group:
+            raise ValueError(
+                f"{op}: W {w.shape} does not match X channels {c} with group {group}: "
+                f"expected W dim 1 == {c // group} and W dim 0 divisible by {group}"
+            )
+
+
+class _Cached:
+    """A value derived from an input: computed once when the input is constant."""
+
+    __slots__ = ("_const", "_derive", "_memo")
+
+    def __init__(self, const: np.ndarray | None, derive: Callable[..., Any]) -> None:
+        self._const, self._derive, self._memo = const, derive, {}
+
+    def get(self, value: np.ndarray, *key: Any) -> Any:
+        if self._const is None:
+            return self._derive(value, *key)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._derive(self._const, *key)
+        return got
+
+
+def _bias_nd(b: np.ndarray | None, nsp: int, cdt: np.dtype) -> np.ndarray | None:
+    if b is None:
+        return None
+    return np.asarray(b, dtype=cdt).reshape(-1, *([1] * nsp))
+
+
+# ---------------------------------------------------------------------------- Conv plans
+
+
+@dataclass(frozen=True, slots=True)
+class _ConvPlan:
+    kind: str  # "1x1", "depthwise" or "im2col"
+    geo: Geometry
+    out_shape: tuple[int, ...]
+    n: int
+    group: int
+    extra: Any  # per-kind precomputed data
+
+
+def _conv_geometry(attrs: dict, x_shape: tuple, w_shape: tuple) -> Geometry:
+    nsp = len(x_shape) - 2
+    kernel_shape = int_tuple(attrs.get("kernel_shape"), nsp, 0, "kernel_shape")
+    if attrs.get("kernel_shape") is None:
+        kernel_shape = tuple(w_shape[2:])
+    elif kernel_shape != tuple(w_shape[2:]):
+        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W spatial dims "
+                         f"{list(w_shape[2:])}")
+    return geometry(
+        x_shape[2:],
+        kernel_shape,
+        int_tuple(attrs.get("strides"), nsp, 1, "strides"),
+        int_tuple(attrs.get("dilations"), nsp, 1, "dilations"),
+        int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads"),
+        attrs.get("auto_pad") or "NOTSET",
+    )
+
+
+def _conv_kind(w_shape: tuple, group: int) -> str:
+    return "depthwise" if group > 1 and w_shape[0] == group and w_shape[1] == 1 else "im2col"
+
+
+def _plan_conv(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> _ConvPlan:
+    geo = _conv_geometry(attrs, x_shape, w_shape)
+    n = x_shape[0]
+    out_shape = (n, w_shape[0], *geo.out)
+    kind = _conv_kind(w_shape, group)
+    if kind == "im2col" and all(k == 1 for k in geo.kernel) and not geo.needs_pad:
+        kind = "1x1"
+    extra = None
+    if kind == "depthwise":
+        extra = _plan_depthwise(geo)
+    elif kind == "im2col":
+        cg = x_shape[1] // group
+        extra = (n, group, cg, *geo.kernel, *geo.out)
+    return _ConvPlan(kind, geo, out_shape, n, group, extra)
+
+
+def _prep_weight(w: np.ndarray, kind: str, group: int, cdt: np.dtype) -> np.ndarray:
+    """W reshaped for its path: (g, M/g, C/g*prod(k)) for matmul, (prod(k), C, 1) for depthwise."""
+    if kind == "depthwise":
+        taps = np.asarray(w, dtype=cdt).reshape(w.shape[0], -1).T
+        return np.ascontiguousarray(taps)[:, :, None]
+    return np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(group, w.shape[0] // group, -1))
+
+
+def _run_1x1(plan: _ConvPlan, x: np.ndarray, wm: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    strides = plan.geo.strides
+    if any(s != 1 for s in strides):
+        x = x[(Ellipsis, *(slice(None, None, s) for s in strides))]
+    g = plan.group
+    xm = x.reshape(plan.n, g, x.shape[1] // g, -1)
+    if xm.dtype != cdt:
+        xm = xm.astype(cdt)
+    return np.matmul(wm, xm).reshape(plan.out_shape), True
+
+
+def _run_im2col(plan: _ConvPlan, x: np.ndarray, wm: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    geo = plan.geo
+    xp = padded_copy(x, geo, 0, cdt) if geo.needs_pad else x
+    s_n, s_c, *s_sp = xp.strides
+    cg = plan.extra[2]
+    view = as_strided(
+        xp,
+        shape=plan.extra,
+        strides=(
+            s_n,
+            s_c * cg,
+            s_c,
+            *(s * d for s, d in zip(s_sp, geo.dilations)),
+            *(s * st for s, st in zip(s_sp, geo.strides)),
+        ),
+        writeable=False,
+    )
+    cols = np.empty(plan.extra, dtype=cdt)
+    np.copyto(cols, view, casting="unsafe")
+    n, g = plan.n, plan.group
+    cols = cols.reshape(n, g, wm.shape[2], -1)
+    return np.matmul(wm, cols).reshape(plan.out_shape), True
+
+
+@dataclass(frozen=True, slots=True)
+class _Depthwise:
+    """Shifted multiply-accumulate plan over stride-phase planes of one flat padded buffer."""
+
+    planes: tuple[int, ...]  # Q: padded length per axis divided by the stride (rounded up)
+    n_phases: int
+    buf_len: int
+    length: int  # out[0] * prod(Q[1:]): the flat span each tap reads
+    taps: tuple[tuple[int, int], ...]  # (phase, flat offset) per kernel position
+    fills: tuple[tuple[int, tuple[slice, ...], tuple[slice, ...]], ...]
+    crop: tuple[slice, ...] | None
+
+
+def _plan_depthwise(geo: Geometry) -> _Depthwise:
+    s, k, d = geo.strides, geo.kernel, geo.dilations
+    q = tuple(-(-p // st) for p, st in zip(geo.padded, s))
+    flat = [math.prod(q[i + 1:]) for i in range(len(q))]
+    length = geo.out[0] * flat[0]
+    taps = []
+    for pos in itertools.product(*(range(kk) for kk in k)):
+        phase = np.ravel_multi_index([(j * dd) % st for j, dd, st in zip(pos, d, s)], s)
+        off = sum((j * dd) // st * f for j, dd, st, f in zip(pos, d, s, flat))
+        taps.append((int(phase), off))
+    fills = []
+    for phase, a in enumerate(itertools.product(*(range(st) for st in s))):
+        dst, src = [], []
+        for ai, st, pb, size in zip(a, s, geo.pads_begin, geo.in_shape):
+            q0, q1 = -(-(pb - ai) // st), -(-(pb + size - ai) // st)
+            start = q0 * st + ai - pb
+            dst.append(slice(q0, q1))
+            src.append(slice(start, start + (q1 - q0 - 1) * st + 1, st))
+        if all(sl.stop > sl.start for sl in dst):
+            fills.append((phase, tuple(dst), tuple(src)))
+    crop = None
+    if tuple(q[1:]) != tuple(geo.out[1:]):
+        crop = (slice(None),) * 3 + tuple(slice(0, o) for o in geo.out[1:])
+    buf_len = max(math.prod(q), max(off for _, off in taps) + length)
+    return _Depthwise(q, math.prod(s), buf_len, length, tuple(taps), tuple(fills), crop)
+
+
+def _run_depthwise(plan: _ConvPlan, x: np.ndarray, taps: np.ndarray, cdt: np.dtype):
+    dw: _Depthwise = plan.extra
+    n, c = x.shape[:2]
+    buf = np.zeros((dw.n_phases, n, c, dw.buf_len), dtype=cdt)
+    planes = buf[..., : math.prod(dw.planes)].reshape(dw.n_phases, n, c, *dw.planes)
+    for phase, dst, src in dw.fills:
+        planes[(phase, slice(None), slice(None), *dst)] = x[(slice(None), slice(None), *src)]
+    length = dw.length
+    acc = np.empty((n, c, length), dtype=cdt)
+    tmp = np.empty_like(acc)
+    for j, (phase, off) in enumerate(dw.taps):
+        src = buf[phase, :, :, off : off + length]
+        if j == 0:
+            np.multiply(src, taps[0], out=acc)
+        else:
+            np.multiply(src, taps[j], out=tmp)
+            np.add(acc, tmp, out=acc)
+    res = acc.reshape(n, c, plan.geo.out[0], *dw.planes[1:])
+    return (res, True) if dw.crop is None else (res[dw.crop], False)
+
+
+_CONV_RUNNERS = {"1x1": _run_1x1, "im2col": _run_im2col, "depthwise": _run_depthwise}
+
+
+@kernel("Conv", since=1, factory=True, variant="conv.im2col")
+def conv(info: NodeInfo):
+    """Conv: im2col + BLAS matmul; depthwise shifted-MAC and 1x1 matmul fast paths."""
+    attrs = dict(info.attrs)
+    group = int(attrs.get("group") or 1)
+    weights = _Cached(_const(info, 1), lambda w, kind, cdt: _prep_weight(w, kind, group, cdt))
+    biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
+    plans: dict[tuple, _ConvPlan] = {}
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        key = (x.shape, w.shape)
+        plan = plans.get(key)
+        if plan is None:
+            _check_channels("Conv", x, w, group, transpose=False)
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = _plan_conv(attrs, group, x.shape, w.shape)
+        cdt = compute_dtype(x.dtype)
+        wkind = "depthwise" if plan.kind == "depthwise" else "matmul"
+        wm = weights.get(w, wkind, cdt)
+        res, fresh = _CONV_RUNNERS[plan.kind](plan, x, wm, cdt)
+        bias = None if b is None else biases.get(b, x.ndim - 2, cdt)
+        return _finish(res, bias, x.dtype, fresh)
+
+    return run
+
+
+# ---------------------------------------------------------------------------- ConvTranspose
+
+
+@dataclass(frozen=True, slots=True)
+class _TransposePlan:
+    n: int
+    group: int
+    in_sp: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    buf_shape: tuple[int, ...] | None  # None: the matmul result is the output (1x1, no pads)
+    taps: tuple[tuple[slice, ...], ...]
+    crop: tuple[slice, ...]
+
+
+def _transpose_pads(attrs: dict, in_sp, k, s, d, out_pad) -> tuple[list, list, list]:
+    """(pads_begin, pads_end, output size) per the ConvTranspose rules."""
+    nsp = len(in_sp)
+    auto_pad = attrs.get("auto_pad") or "NOTSET"
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    full = [s[i] * (in_sp[i] - 1) + out_pad[i] + (k[i] - 1) * d[i] + 1 for i in range(nsp)]
+    out_shape = attrs.get("output_shape")
+    if out_shape is not None and len(out_shape) > 0:
+        out = [int(v) for v in out_shape][-nsp:]
+        if len(out) != nsp:
+            raise ValueError(f"output_shape {list(out_shape)} must have {nsp} spatial sizes")
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # in * stride, but never below the unpadded size (onnx shape inference and onnxruntime
+        # clamp the total padding at 0, e.g. for a 1x1 kernel with stride 2)
+        out = [min(in_sp[i] * s[i], full[i]) for i in range(nsp)]
+    elif auto_pad in ("NOTSET", "VALID"):
+        pads = int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads")
+        if auto_pad == "VALID":
+            pads = (0,) * (2 * nsp)
+        out = [full[i] - pads[i] - pads[i + nsp] for i in range(nsp)]
+        if min(out) < 1:
+            raise ValueError(f"ConvTranspose output size {out} is empty (pads {list(pads)})")
+        return list(pads[:nsp]), list(pads[nsp:]), out
+    else:
+        raise ValueError(f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}")
+    total = [full[i] - out[i] for i in range(nsp)]
+    if auto_pad == "SAME_UPPER":
+        begin = [t // 2 for t in total]
+    else:
+        begin = [t - t // 2 for t in total]
+    return begin, [t - b for t, b in zip(total, begin)], out
+
+
+def _plan_transpose(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> _TransposePlan:
+    nsp = len(x_shape) - 2
+    in_sp = tuple(x_shape[2:])
+    k = tuple(w_shape[2:])
+    if attrs.get("kernel_shape") is not None and len(attrs["kernel_shape"]) > 0:
+        if tuple(attrs["kernel_shape"]) != k:
+            raise ValueError(f"kernel_shape {list(attrs['kernel_shape'])} does not match W "
+                             f"spatial dims {list(k)}")
+    s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
+    d = int_tuple(attrs.get("dilations"), nsp, 1, "dilations")
+    out_pad = int_tuple(attrs.get("output_padding"), nsp, 0, "output_padding")
+    begin, _, out = _transpose_pads(attrs, in_sp, k, s, d, out_pad)
+    m = w_shape[1] * group
+    out_shape = (x_shape[0], m, *out)
+    lo = [min(0, b) for b in begin]
+    full = [(n - 1) * st + (kk - 1) * dd + 1 for n, st, kk, dd in zip(in_sp, s, k, d)]
+    hi = [max(f, b + o) for f, b, o in zip(full, begin, out)]
+    buf_shape = (x_shape[0], m, *(h - low for h, low in zip(hi, lo)))
+    taps = []
+    for pos in itertools.product(*(range(kk) for kk in k)):
+        taps.append(tuple(
+            slice(j * dd - low, j * dd - low + (n - 1) * st + 1, st)
+            for j, dd, low, n, st in zip(pos, d, lo, in_sp, s)
+        ))
+    crop = (slice(None), slice(None), *(slice(b - low, b - low + o)
+                                        for b, low, o in zip(begin, lo, out)))
+    if math.prod(k) == 1 and all(st == 1 for st in s) and tuple(out) == in_sp and not any(begin):
+        buf_shape = None
+    return _TransposePlan(x_shape[0], group, in_sp, out_shape, buf_shape, tuple(taps), crop)
+
+
+def _prep_transpose_weight(w: np.ndarray, group: int, cdt: np.dtype) -> np.ndarray:
+    """W (C, M/g, *k) as (g, M/g*prod(k), C/g), the left operand of the col matmul."""
+    c = w.shape[0]
+    wg = np.asarray(w, dtype=cdt).reshape(group, c // group, -1)
+    return np.ascontiguousarray(wg.transpose(0, 2, 1))
+
+
+def _run_transpose(plan: _TransposePlan, x: np.ndarray, wt: np.ndarray, cdt: np.dtype):
+    n, g = plan.n, plan.group
+    xm = x.reshape(n, g, x.shape[1] // g, -1)
+    if xm.dtype != cdt:
+        xm = xm.astype(cdt)
+    cols = np.matmul(wt, xm)  # (N, g, M/g * prod(k), prod(in))
+    m = plan.out_shape[1]
+    if plan.buf_shape is None:
+        return cols.reshape(plan.out_shape), True
+    cols = cols.reshape(n, m, len(plan.taps), *plan.in_sp)
+    buf = np.zeros(plan.buf_shape, dtype=cdt)
+    for j, dst in enumerate(plan.taps):
+        view = buf[(slice(None), slice(None), *dst)]
+        np.add(view, cols[:, :, j], out=view)
+    res = buf[plan.crop]
+    return res, res.shape == buf.shape
+
+
+@kernel("ConvTranspose", since=1, factory=True, variant="convtranspose.col2im")
+def conv_transpose(info: NodeInfo):
+    """ConvTranspose: BLAS matmul to columns, then col2im with one strided add per kernel tap."""
+    attrs = dict(info.attrs)
+    group = int(attrs.get("group") or 1)
+    weights = _Cached(_const(info, 1), lambda w, cdt: _prep_transpose_weight(w, group, cdt))
+    biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
+    plans: dict[tuple, _TransposePlan] = {}
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        key = (x.shape, w.shape)
+        plan = plans.get(key)
+        if plan is None:
+            _check_channels("ConvTranspose", x, w, group, transpose=True)
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = _plan_transpose(attrs, group, x.shape, w.shape)
+        cdt = compute_dtype(x.dtype)
+        res, fresh = _run_transpose(plan, x, weights.get(w, cdt), cdt)
+        bias = None if b is None else biases.get(b, x.ndim - 2, cdt)
+        return _finish(res, bias, x.dtype, fresh)
+
+    return run

@@ -1,3 +1,507 @@
-"""CPU kernels: norm (being written)."""
+"""CPU kernels: softmax family, normalizations, Dropout, LRN."""
 
 from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from onnxkiln.dtypes import to_numpy
+from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu.registry import kernel
+
+__all__: list[str] = []
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+# Types computed in float32 and cast back (float16 sums and exps lose too much otherwise).
+_LOW = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+_MVN_EPSILON = 1e-9  # from the MeanVarianceNormalization function body
+
+
+def _work(x: np.ndarray) -> tuple[np.ndarray, bool]:
+    """x in its compute dtype (float32 for 16-bit floats), and whether that is a fresh copy."""
+    if x.dtype == _F32 or x.dtype == _F64:
+        return x, False
+    return x.astype(_F32), True
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    return _F64 if dt == _F64 else _F32
+
+
+@functools.lru_cache(maxsize=256)
+def _fill(n: int, value: float, dt: np.dtype) -> np.ndarray:
+    """A read-only vector of n copies of value: row sums as one BLAS matrix-vector product."""
+    v = np.full(n, value, dtype=dt)
+    v.flags.writeable = False
+    return v
+
+
+def _axis(axis: int, ndim: int, op: str) -> int:
+    a = axis + ndim if axis < 0 else axis
+    if not 0 <= a < max(ndim, 1):
+        raise ValueError(f"{op}: axis {axis} is out of range for an input of rank {ndim}")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax, LogSoftmax, Hardmax
+
+
+def _softmax_rows(x2: np.ndarray, owned: bool, log: bool) -> np.ndarray:
+    """Softmax (or log-softmax) over axis 1 of a 2-D float32/float64 array; fresh result."""
+    # fmax ignores NaN in the max, but a NaN still reaches the row sum, so the row is NaN.
+    m = np.fmax.reduce(x2, axis=1)
+    y = np.subtract(x2, m[:, None], out=x2 if owned else None)
+    ones = _fill(x2.shape[1], 1.0, x2.dtype)
+    if log:
+        s = np.matmul(np.exp(y), ones)
+        np.log(s, out=s)
+        y -= s[:, None]
+    else:
+        np.exp(y, out=y)
+        s = np.matmul(y, ones)
+        np.reciprocal(s, out=s)
+        y *= s[:, None]
+    return y
+
+
+def _softmax_axis(x: np.ndarray, owned: bool, axis: int, log: bool) -> np.ndarray:
+    """Softmax over one (not last) axis, with keepdims reductions instead of moving axes."""
+    m = np.fmax.reduce(x, axis=axis, keepdims=True)
+    y = np.subtract(x, m, out=x if owned else None)
+    if log:
+        s = np.add.reduce(np.exp(y), axis=axis, keepdims=True)
+        np.log(s, out=s)
+        y -= s
+    else:
+        np.exp(y, out=y)
+        s = np.add.reduce(y, axis=axis, keepdims=True)
+        np.reciprocal(s, out=s)
+        y *= s
+    return y
+
+
+def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.ndarray]:
+    axis = int(info.attrs["axis"])
+    coerce_2d = info.opset < 13
+    op = info.op_type
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return np.empty(x.shape, x.dtype)
+        ax = _axis(axis, x.ndim, op)
+        xc, owned = _work(x)
+        if coerce_2d or ax == x.ndim - 1:
+            y = _softmax_rows(xc.reshape(math.prod(x.shape[:ax]), -1), owned, log)
+            y = y.reshape(x.shape)
+        else:
+            y = _softmax_axis(xc, owned, ax, log)
+        return y.astype(x.dtype) if owned else y
+
+    return run
+
+
+@kernel("Softmax", since=1, factory=True)
+def softmax(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """exp(x - max) / sum over `axis` (opset < 13: over the 2-D coerced tail from `axis`)."""
+    return _softmax_factory(info, log=False)
+
+
+@kernel("LogSoftmax", since=1, factory=True)
+def log_softmax(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """x - max - log(sum(exp(x - max))) over `axis` (opset < 13: coerced 2-D tail)."""
+    return _softmax_factory(info, log=True)
+
+
+@kernel("Hardmax", since=1, factory=True)
+def hardmax(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """One at the first maximum along `axis` (opset < 13: of the coerced 2-D tail), else zero."""
+    axis = int(info.attrs["axis"])
+    coerce_2d = info.opset < 13
+
+    def run(x: np.ndarray) -> np.ndarray:
+        y = np.zeros(x.shape, x.dtype)
+        if x.size == 0:
+            return y
+        ax = _axis(axis, x.ndim, "Hardmax")
+        xs = x.astype(_F32) if x.dtype == ml_dtypes.bfloat16 else x
+        yv = y
+        if coerce_2d:
+            xs = xs.reshape(math.prod(x.shape[:ax]), -1)
+            yv, ax = y.reshape(xs.shape), 1
+        idx = np.argmax(xs, axis=ax, keepdims=True)
+        np.put_along_axis(yv, idx, 1, axis=ax)
+        return y
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Row normalization shared by LayerNorm, InstanceNorm and GroupNorm
+
+
+def _normalize_rows(
+    x2: np.ndarray, eps: float, cdt: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x - mean) / sqrt(var + eps) per row of a 2-D array, in cdt: (fresh y, mean, inv_std)."""
+    n = x2.shape[1]
+    if x2.dtype != cdt:
+        y = x2.astype(cdt)
+        mean = np.matmul(y, _fill(n, 1.0 / n, cdt))
+        y -= mean[:, None]
+    else:
+        mean = np.matmul(x2, _fill(n, 1.0 / n, cdt))
+        y = np.subtract(x2, mean[:, None])
+    var = np.einsum("ij,ij->i", y, y)
+    var *= cdt.type(1.0 / n)
+    var += cdt.type(eps)
+    inv = np.sqrt(var, out=var)
+    np.reciprocal(inv, out=inv)
+    y *= inv[:, None]
+    return y, mean, inv
+
+
+class _Cast:
+    """Per-dtype casts of an optional constant parameter, made once and reused."""
+
+    def __init__(self, value: np.ndarray | None) -> None:
+        self.value = value
+        self.cache: dict[np.dtype, np.ndarray] = {}
+
+    def get(self, runtime: np.ndarray, dt: np.dtype, shape: tuple[int, ...] | None = None):
+        if self.value is None:
+            v = runtime.astype(dt, copy=False)
+            return v if shape is None else v.reshape(shape)
+        key = (dt, shape)
+        v = self.cache.get(key)
+        if v is None:
+            v = self.value.astype(dt)
+            v = self.cache[key] = v if shape is None else v.reshape(shape)
+        return v
+
+
+def _const(info: NodeInfo, i: int) -> np.ndarray | None:
+    consts = info.const_inputs
+    return consts[i] if i < len(consts) else None
+
+
+def _wants(info: NodeInfo, i: int) -> bool:
+    present = info.output_present
+    return i < len(present) and bool(present[i]) if present else i < info.n_outputs
+
+
+@kernel("LayerNormalization", since=17, factory=True, multi_output=True)
+def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
+    """Normalize over dims [axis, rank) in float32 (float64 for double), then Scale and B."""
+    axis = int(info.attrs["axis"])
+    eps = float(info.attrs["epsilon"])
+    stash = to_numpy(int(info.attrs["stash_type"]))
+    want_mean, want_inv = _wants(info, 1), _wants(info, 2)
+    scale_c, bias_c = _Cast(_const(info, 1)), _Cast(_const(info, 2))
+
+    def run(x: np.ndarray, scale: np.ndarray, b: np.ndarray | None = None) -> tuple:
+        ax = _axis(axis, x.ndim, "LayerNormalization")
+        lead = x.shape[:ax]
+        stat_shape = lead + (1,) * (x.ndim - ax)
+        cdt = _compute_dtype(x.dtype)
+        rows, n = math.prod(lead), math.prod(x.shape[ax:])
+        if x.size == 0:
+            y = np.empty(x.shape, x.dtype)
+            mean = inv = np.full(stat_shape, np.nan, cdt)
+        else:
+            y2, mean, inv = _normalize_rows(x.reshape(rows, n), eps, cdt)
+            y = y2.reshape(x.shape)
+            try:
+                y *= scale_c.get(scale, cdt)
+                if b is not None:
+                    y += bias_c.get(b, cdt)
+            except ValueError as e:
+                bshape = None if b is None else b.shape
+                raise ValueError(
+                    f"LayerNormalization: Scale {scale.shape} / B {bshape} do not broadcast "
+                    f"to X {x.shape}"
+                ) from e
+            y = y.astype(x.dtype, copy=False)
+        return (
+            y,
+            mean.reshape(stat_shape).astype(stash) if want_mean else None,
+            inv.reshape(stat_shape).astype(stash) if want_inv else None,
+        )
+
+    return run
+
+
+@kernel("InstanceNormalization", since=1, factory=True)
+def instance_normalization(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Normalize each (n, c) over the spatial dims, then per-channel scale and B."""
+    eps = float(info.attrs["epsilon"])
+    scale_c, bias_c = _Cast(_const(info, 1)), _Cast(_const(info, 2))
+
+    def run(x: np.ndarray, scale: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if x.ndim < 2:
+            raise ValueError(f"InstanceNormalization: input must be (N, C, ...), got {x.shape}")
+        n, c = x.shape[:2]
+        if scale.size != c or b.size != c:
+            raise ValueError(
+                f"InstanceNormalization: scale and B must have C={c} elements, got "
+                f"{scale.shape} and {b.shape}"
+            )
+        if x.size == 0:
+            return np.empty(x.shape, x.dtype)
+        cdt = _compute_dtype(x.dtype)
+        y, _, _ = _normalize_rows(x.reshape(n * c, -1), eps, cdt)
+        y3 = y.reshape(n, c, -1)
+        y3 *= scale_c.get(scale, cdt, (c, 1))
+        y3 += bias_c.get(b, cdt, (c, 1))
+        return y.reshape(x.shape).astype(x.dtype, copy=False)
+
+    return run
+
+
+@kernel("GroupNormalization", since=18, factory=True)
+def group_normalization(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Normalize each (n, group) over its channels and spatial dims; scale/bias per group
+    (opset 18) or per channel (21+). Stage one runs in float32 (float64 for double)."""
+    eps = float(info.attrs["epsilon"])
+    groups = int(info.attrs["num_groups"])
+    per_channel = info.opset >= 21
+    scale_c, bias_c = _Cast(_const(info, 1)), _Cast(_const(info, 2))
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if x.ndim < 2:
+            raise ValueError(f"GroupNormalization: input must be (N, C, ...), got {x.shape}")
+        n, c = x.shape[:2]
+        if groups <= 0 or c % groups:
+            raise ValueError(
+                f"GroupNormalization: num_groups={groups} must divide the channel count C={c}"
+            )
+        k = c if per_channel else groups
+        if scale.size != k or bias.size != k:
+            what = f"C={c}" if per_channel else f"num_groups={groups}"
+            raise ValueError(
+                f"GroupNormalization (opset {info.opset}): scale and bias must have {what} "
+                f"elements, got {scale.shape} and {bias.shape}"
+            )
+        if x.size == 0:
+            return np.empty(x.shape, x.dtype)
+        cdt = _compute_dtype(x.dtype)
+        y, _, _ = _normalize_rows(x.reshape(n * groups, -1), eps, cdt)
+        y3 = y.reshape(n, k, -1)
+        y3 *= scale_c.get(scale, cdt, (k, 1))
+        y3 += bias_c.get(bias, cdt, (k, 1))
+        return y.reshape(x.shape).astype(x.dtype, copy=False)
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# BatchNormalization
+
+
+def _bn_param_shape(x: np.ndarray, p: np.ndarray, spatial: bool) -> tuple[int, ...]:
+    """How a per-channel (or, for spatial=0, per-activation) parameter lines up with x."""
+    if not spatial and x.ndim > 2:
+        return x.shape[1:]
+    return p.shape[:1] + (1,) * (x.ndim - 2) if x.ndim > 2 else p.shape
+
+
+def _bn_check(x: np.ndarray, params: tuple[np.ndarray, ...], spatial: bool) -> None:
+    c = x.shape[1] if x.ndim >= 2 else 1
+    want = math.prod(x.shape[1:]) if not spatial and x.ndim > 2 else c
+    for name, p in zip(("scale", "B", "mean", "var"), params):
+        if p.size != want:
+            raise ValueError(
+                f"BatchNormalization: {name} must have {want} elements for X of shape "
+                f"{x.shape}, got shape {p.shape}"
+            )
+
+
+def _bn_training(x, scale, b, mean, var, eps, momentum, spatial, cdt):
+    """Normalize with the batch's own statistics; returns Y and the statistics."""
+    xc = x.astype(cdt, copy=False)
+    axes = (0,) if not spatial else (0, *range(2, x.ndim))
+    shape = _bn_param_shape(x, scale, spatial)
+    cur_mean = np.mean(xc, axis=axes)
+    cur_var = np.var(xc, axis=axes)  # population variance (divides by N), as the spec says
+    inv = 1.0 / np.sqrt(cur_var + cdt.type(eps))
+    s = scale.astype(cdt).reshape(-1) * inv
+    y = xc - cur_mean.reshape(shape)
+    y *= s.reshape(shape)
+    y += b.astype(cdt).reshape(shape)
+    mdt = mean.dtype
+    m = cdt.type(momentum)
+    run_mean = (mean.astype(cdt).reshape(-1) * m + cur_mean * (1 - m)).reshape(mean.shape)
+    run_var = (var.astype(cdt).reshape(-1) * m + cur_var * (1 - m)).reshape(var.shape)
+    return (
+        y.astype(x.dtype, copy=False),
+        run_mean.astype(mdt),
+        run_var.astype(var.dtype),
+        cur_mean.reshape(mean.shape).astype(mdt),
+        cur_var.reshape(var.shape).astype(var.dtype),
+    )
+
+
+@kernel("BatchNormalization", since=1, factory=True, multi_output=True)
+def batch_normalization(info: NodeInfo) -> Callable[..., tuple]:
+    """Inference: Y = X * s + (B - mean * s) with s = scale / sqrt(var + eps), folded once for
+    constant parameters. Training (training_mode=1 from opset 14; earlier, when the node asks
+    for the running statistics) normalizes with batch statistics and updates running ones."""
+    eps = float(info.attrs["epsilon"])
+    momentum = float(info.attrs.get("momentum", 0.9))
+    spatial = bool(info.attrs.get("spatial", 1))
+    extra = any(_wants(info, i) for i in range(1, info.n_outputs))
+    if info.opset >= 14:
+        training = bool(info.attrs.get("training_mode", 0))
+    else:  # opset < 14 has no flag: onnxruntime trains when the node has the extra outputs
+        training = extra and not info.attrs.get("is_test", 0)
+    consts = [_const(info, i) for i in range(1, 5)]
+    folded: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+
+    def fold(x: np.ndarray, params: tuple[np.ndarray, ...], cdt: np.dtype):
+        scale, b, mean, var = (p.astype(_F64).reshape(-1) for p in params)
+        s = scale / np.sqrt(var + eps)
+        shift = b - mean * s
+        shape = _bn_param_shape(x, params[0], spatial)
+        return s.astype(cdt).reshape(shape), shift.astype(cdt).reshape(shape)
+
+    def run(x, scale, b, mean, var) -> tuple:
+        params = (scale, b, mean, var)
+        _bn_check(x, params, spatial)
+        cdt = _compute_dtype(x.dtype)
+        if training:
+            outs = _bn_training(x, scale, b, mean, var, eps, momentum, spatial, cdt)
+            return outs[:3] if info.opset >= 14 else outs
+        if all(c is not None for c in consts):
+            key = (cdt, x.shape[1:] if not spatial else (x.ndim,))
+            sf = folded.get(key)
+            if sf is None:
+                sf = folded[key] = fold(x, tuple(consts), cdt)  # type: ignore[arg-type]
+        else:
+            sf = fold(x, params, cdt)
+        xc, owned = _work(x) if x.dtype in _LOW else (x, False)
+        y = np.multiply(xc, sf[0], out=xc if owned else None)
+        y += sf[1]
+        y = y.astype(x.dtype, copy=False)
+        if not extra:
+            return (y,)
+        # Inference asked for statistics anyway: running ones pass through unchanged.
+        return (y, mean.copy(), var.copy(), mean.copy(), var.copy())
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# LpNormalization, MeanVarianceNormalization, LRN, Dropout
+
+
+@kernel("LpNormalization", since=1, factory=True)
+def lp_normalization(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """x / ||x||_p along `axis` (p = 1 or 2); where the norm is zero the output is zero."""
+    p = int(info.attrs["p"])
+    axis = int(info.attrs["axis"])
+    if p not in (1, 2):
+        raise ValueError(f"LpNormalization: p must be 1 or 2, got {p}")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        ax = _axis(axis, x.ndim, "LpNormalization")
+        xc, _ = _work(x)
+        if p == 1:
+            norm = np.add.reduce(np.abs(xc), axis=ax, keepdims=True)
+        else:
+            norm = np.sqrt(np.add.reduce(np.square(xc), axis=ax, keepdims=True))
+        y = np.zeros(xc.shape, xc.dtype)
+        np.divide(xc, norm, out=y, where=norm != 0)
+        return y.astype(x.dtype, copy=False)
+
+    return run
+
+
+@kernel("MeanVarianceNormalization", since=9, factory=True)
+def mean_variance_normalization(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """(X - E[X]) / (sqrt(E[(X - E[X])^2]) + 1e-9) over `axes`."""
+    axes_attr = tuple(int(a) for a in info.attrs["axes"])
+
+    def run(x: np.ndarray) -> np.ndarray:
+        axes = tuple(_axis(a, x.ndim, "MeanVarianceNormalization") for a in axes_attr)
+        xc, owned = _work(x)
+        mean = np.mean(xc, axis=axes, keepdims=True)
+        d = np.subtract(xc, mean, out=xc if owned else None)
+        std = np.sqrt(np.mean(np.square(d), axis=axes, keepdims=True))
+        std += _MVN_EPSILON
+        d /= std
+        return d.astype(x.dtype, copy=False)
+
+    return run
+
+
+@kernel("LRN", since=1, factory=True)
+def lrn(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """X / (bias + alpha / size * sum of X^2 over a window of `size` channels) ^ beta."""
+    size = int(info.attrs["size"])
+    alpha, beta, bias = (float(info.attrs[k]) for k in ("alpha", "beta", "bias"))
+    if size < 1:
+        raise ValueError(f"LRN: size must be >= 1, got {size}")
+    lo = (size - 1) // 2
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim < 2:
+            raise ValueError(f"LRN: input must be (N, C, ...), got shape {x.shape}")
+        xc, _ = _work(x)
+        c = x.shape[1]
+        sq = np.square(xc)
+        acc = np.zeros_like(sq)
+        # Window [c - lo, c + size - 1 - lo], clipped at the channel edges.
+        for off in range(-lo, size - lo):
+            lo_dst, hi_dst = max(0, -off), min(c, c - off)
+            if lo_dst < hi_dst:
+                acc[:, lo_dst:hi_dst] += sq[:, lo_dst + off : hi_dst + off]
+        acc *= xc.dtype.type(alpha / size)
+        acc += xc.dtype.type(bias)
+        np.power(acc, xc.dtype.type(-beta), out=acc)
+        acc *= xc
+        return acc.astype(x.dtype, copy=False)
+
+    return run
+
+
+def _dropout_outputs(info: NodeInfo, x: np.ndarray, mask_dtype) -> tuple:
+    mask = np.ones(x.shape, mask_dtype) if _wants(info, 1) else None
+    return (x, mask)
+
+
+@kernel("Dropout", since=1, until=11, factory=True, multi_output=True, view=True)
+def dropout_legacy(info: NodeInfo) -> Callable[[np.ndarray], tuple]:
+    """Identity (inference; the input is returned as is), mask all ones (bool from opset 10).
+
+    Deviation from spec: opsets 1-6 with is_test=0 would train; we always run inference.
+    """
+    mask_dtype = np.bool_ if info.opset >= 10 else None
+
+    def run(x: np.ndarray) -> tuple:
+        return _dropout_outputs(info, x, mask_dtype or x.dtype)
+
+    return run
+
+
+@kernel("Dropout", since=12, factory=True, multi_output=True, view=True)
+def dropout(info: NodeInfo) -> Callable[..., tuple]:
+    """Identity with an all-True mask unless training_mode is true with a non-zero ratio,
+    which is refused (onnxkiln runs inference only)."""
+
+    def run(x: np.ndarray, ratio=None, training_mode=None) -> tuple:
+        if training_mode is not None and bool(np.asarray(training_mode)):
+            r = 0.5 if ratio is None else float(np.asarray(ratio))
+            if r != 0.0:
+                raise NotImplementedError(
+                    f"Dropout: training mode is not supported (training_mode=True with "
+                    f"ratio={r}); onnxkiln runs inference only. Feed training_mode=False "
+                    f"or ratio=0 to use the node as an identity."
+                )
+        return _dropout_outputs(info, x, np.bool_)
+
+    return run

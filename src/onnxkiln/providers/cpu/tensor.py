@@ -1,3 +1,435 @@
-"""CPU kernels: tensor (being written)."""
+"""CPU kernels: shape manipulation (Reshape, Transpose, Squeeze, Split, Concat, Expand, ...)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from onnxkiln.dtypes import to_numpy
+from onnxkiln.errors import UnsupportedOpError
+from onnxkiln.providers.base import CaptureSupport, NodeInfo
+from onnxkiln.providers.cpu._tensor_util import (
+    attr_str,
+    attr_tensor,
+    const_input,
+    norm_axes,
+    norm_axis,
+    to_ints,
+)
+from onnxkiln.providers.cpu.registry import kernel
+
+_I64 = np.dtype(np.int64)
+
+
+def _reshape_to(x: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
+    try:
+        return x.reshape(target)
+    except ValueError:
+        raise ValueError(
+            f"Reshape: cannot reshape a tensor of shape {list(x.shape)} ({x.size} elements) "
+            f"into {list(target)}"
+        ) from None
+
+
+def _resolve_zeros(x: np.ndarray, target: tuple[int, ...]) -> tuple[int, ...]:
+    """A 0 in the requested shape copies the input's dimension at that position."""
+    shape = x.shape
+    out = []
+    for i, d in enumerate(target):
+        if d == 0:
+            if i >= len(shape):
+                raise ValueError(
+                    f"Reshape: shape {list(target)} has 0 at position {i} but the input "
+                    f"{list(shape)} has only {len(shape)} dims to copy from"
+                )
+            d = shape[i]
+        out.append(d)
+    return tuple(out)
+
+
+def _reshape_fn(target: tuple[int, ...] | None, allowzero: int) -> Callable[..., np.ndarray]:
+    """A kernel reshaping to `target` (None: read the shape input on each call)."""
+    if target is not None:
+        if target.count(-1) > 1:
+            raise ValueError(f"Reshape: shape {list(target)} has more than one -1")
+        if allowzero or 0 not in target:
+
+            def run(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
+                return _reshape_to(x, target)
+
+        else:
+
+            def run(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
+                return _reshape_to(x, _resolve_zeros(x, target))
+
+        return run
+
+    def run_dynamic(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
+        t = to_ints(shape)
+        if not allowzero and 0 in t:
+            t = _resolve_zeros(x, t)
+        return _reshape_to(x, t)
+
+    return run_dynamic
+
+
+@kernel("Reshape", since=1, until=4, factory=True, view=True)
+def reshape_v1(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Reshape with the `shape` attribute (0 copies a dim, -1 is inferred)."""
+    shape = info.attrs.get("shape")
+    if shape is None:
+        raise ValueError("Reshape (opset < 5) needs the 'shape' attribute")
+    return _reshape_fn(to_ints(shape), 0)
+
+
+@kernel("Reshape", since=5, factory=True, view=True)
+def reshape(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Reshape with the shape input; allowzero=1 (opset 14+) keeps 0 as a real size."""
+    const = const_input(info, 1)
+    allowzero = info.attrs.get("allowzero") or 0
+    return _reshape_fn(None if const is None else to_ints(const), allowzero)
+
+
+@kernel("Transpose", since=1, view=True)
+def transpose(x: np.ndarray, *, perm: list[int] | None) -> np.ndarray:
+    """Permute axes (default: reverse them); returns a strided view."""
+    if perm is None:
+        return x.transpose()
+    if len(perm) != x.ndim or sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {x.ndim}")
+    return x.transpose(perm)
+
+
+def _squeeze(x: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
+    shape = x.shape
+    if axes is None:
+        return x.reshape(tuple(d for d in shape if d != 1))
+    drop = norm_axes(axes, x.ndim, "Squeeze")
+    for a in drop:
+        if shape[a] != 1:
+            raise ValueError(
+                f"Squeeze: axis {a} of shape {list(shape)} has size {shape[a]}, expected 1"
+            )
+    return x.reshape(tuple(d for i, d in enumerate(shape) if i not in drop))
+
+
+def _unsqueeze(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    rank = x.ndim + len(axes)
+    new = sorted(norm_axes(axes, rank, "Unsqueeze"))
+    shape = list(x.shape)
+    for a in new:
+        shape.insert(a, 1)
+    return x.reshape(shape)
+
+
+@kernel("Squeeze", since=1, until=12, view=True)
+def squeeze_v1(x: np.ndarray, *, axes: list[int] | None) -> np.ndarray:
+    """Drop size-1 axes given by the `axes` attribute (all size-1 axes when absent)."""
+    return _squeeze(x, None if axes is None else tuple(axes))
+
+
+@kernel("Squeeze", since=13, factory=True, view=True)
+def squeeze(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Drop size-1 axes given by the optional `axes` input."""
+    const = const_input(info, 1)
+    if const is not None:
+        fixed = to_ints(const)
+        return lambda x, axes=None: _squeeze(x, fixed)
+    return lambda x, axes=None: _squeeze(x, None if axes is None else to_ints(axes))
+
+
+@kernel("Unsqueeze", since=1, until=12, view=True)
+def unsqueeze_v1(x: np.ndarray, *, axes: list[int]) -> np.ndarray:
+    """Insert size-1 axes at the output positions in the `axes` attribute."""
+    return _unsqueeze(x, tuple(axes))
+
+
+@kernel("Unsqueeze", since=13, factory=True, view=True)
+def unsqueeze(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Insert size-1 axes at the output positions in the `axes` input."""
+    const = const_input(info, 1)
+    if const is not None:
+        fixed = to_ints(const)
+        return lambda x, axes=None: _unsqueeze(x, fixed)
+    return lambda x, axes: _unsqueeze(x, to_ints(axes))
+
+
+@kernel("Flatten", since=1, view=True)
+def flatten(x: np.ndarray, *, axis: int) -> np.ndarray:
+    """Reshape to 2-D: dims before `axis` make the rows, the rest the columns."""
+    r = x.ndim
+    a = axis + r if axis < 0 else axis
+    if not 0 <= a <= r:
+        raise ValueError(f"Flatten: axis {axis} is out of range for rank {r} (expected [-r, r])")
+    return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
+
+
+@kernel("Identity", since=1, view=True)
+def identity(x):
+    """Return the input itself (tensors, sequences and optionals alike)."""
+    return x
+
+
+@kernel("Concat", since=1)
+def concat(*xs: np.ndarray, axis: int | None) -> np.ndarray:
+    """Join tensors along `axis` (opset 1 defaults it to 1)."""
+    if axis is None:
+        axis = 1
+    arrays = [x for x in xs if x is not None]
+    if not arrays:
+        raise ValueError("Concat: needs at least one input")
+    rank = arrays[0].ndim
+    a = norm_axis(axis, rank, "Concat")
+    try:
+        return np.concatenate(arrays, axis=a)
+    except ValueError:
+        shapes = [list(x.shape) for x in arrays]
+        raise ValueError(
+            f"Concat: inputs must match in every dim but axis {axis}; got shapes {shapes}"
+        ) from None
+
+
+def _split_sizes(
+    dim: int, n: int, split: tuple[int, ...] | None, num_outputs: int | None
+) -> tuple[int, ...]:
+    if split is not None:
+        if sum(split) != dim or any(s < 0 for s in split):
+            raise ValueError(f"Split: split {list(split)} does not add up to the axis size {dim}")
+        if len(split) != n:
+            raise ValueError(f"Split: split {list(split)} has {len(split)} parts, node has {n}")
+        return split
+    if num_outputs:
+        chunk = -(-dim // num_outputs)
+        last = dim - chunk * (num_outputs - 1)
+        if last < 0:
+            raise ValueError(f"Split: cannot split an axis of size {dim} into {num_outputs} parts")
+        return (chunk,) * (num_outputs - 1) + (last,)
+    if dim % n:
+        raise ValueError(f"Split: an axis of size {dim} is not evenly splittable into {n} parts")
+    return (dim // n,) * n
+
+
+@kernel("Split", since=1, factory=True, multi_output=True)
+def split(info: NodeInfo) -> Callable[..., tuple[np.ndarray | None, ...]]:
+    """Split along `axis` by the split attribute/input, num_outputs (18+), or evenly."""
+    axis = info.attrs.get("axis") or 0
+    n = info.n_outputs
+    num_outputs = info.attrs.get("num_outputs")
+    present = info.output_present or (True,) * n
+    fixed = info.attrs.get("split")
+    fixed = None if fixed is None else to_ints(fixed)
+    const = const_input(info, 1)
+    if const is not None:
+        fixed = to_ints(const)
+
+    def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple[np.ndarray | None, ...]:
+        a = norm_axis(axis, x.ndim, "Split")
+        parts = fixed if fixed is not None or split is None else to_ints(split)
+        sizes = _split_sizes(x.shape[a], n, parts, num_outputs)
+        lead = (slice(None),) * a
+        outs: list[np.ndarray | None] = []
+        start = 0
+        for i, size in enumerate(sizes):
+            if i < len(present) and present[i]:
+                outs.append(x[(*lead, slice(start, start + size))].copy())
+            else:
+                outs.append(None)
+            start += size
+        return tuple(outs)
+
+    return run
+
+
+def _expand(x: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
+    try:
+        out_shape = np.broadcast_shapes(x.shape, target)
+    except ValueError:
+        raise ValueError(
+            f"Expand: input shape {list(x.shape)} cannot be broadcast with shape {list(target)}"
+        ) from None
+    out = np.empty(out_shape, dtype=x.dtype)
+    np.copyto(out, x)
+    return out
+
+
+@kernel("Expand", since=8, factory=True)
+def expand(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Broadcast to `shape` (bidirectionally); always a fresh contiguous array."""
+    const = const_input(info, 1)
+    if const is not None:
+        target = to_ints(const)
+        return lambda x, shape=None: _expand(x, target)
+    return lambda x, shape: _expand(x, to_ints(shape))
+
+
+def _tile(x: np.ndarray, reps: tuple[int, ...]) -> np.ndarray:
+    if len(reps) != x.ndim:
+        raise ValueError(f"Tile: repeats {list(reps)} must have one entry per dim of {x.shape}")
+    if any(r < 0 for r in reps):
+        raise ValueError(f"Tile: repeats {list(reps)} must be non-negative")
+    return np.tile(x, reps) if reps else x.copy()
+
+
+@kernel("Tile", since=1, until=5)
+def tile_v1(x: np.ndarray, tiles: np.ndarray, axis: np.ndarray) -> np.ndarray:
+    """Repeat the input `tiles` times along one `axis` (opset 1 form)."""
+    reps = [1] * x.ndim
+    reps[norm_axis(int(np.asarray(axis).reshape(-1)[0]), x.ndim, "Tile")] = int(
+        np.asarray(tiles).reshape(-1)[0]
+    )
+    return _tile(x, tuple(reps))
+
+
+@kernel("Tile", since=6, factory=True)
+def tile(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Repeat the input along every axis by the `repeats` input."""
+    const = const_input(info, 1)
+    if const is not None:
+        reps = to_ints(const)
+        return lambda x, repeats=None: _tile(x, reps)
+    return lambda x, repeats: _tile(x, to_ints(repeats))
+
+
+@kernel("Shape", since=1, factory=True)
+def shape(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """The input's shape as int64; start/end (opset 15+) slice it, clamped to [0, rank]."""
+    start = info.attrs.get("start") or 0
+    end = info.attrs.get("end")
+    if start == 0 and end is None:
+        return lambda x: np.array(x.shape, dtype=_I64)
+    return lambda x: np.array(x.shape[start:end], dtype=_I64)
+
+
+@kernel("Size", since=1)
+def size(x: np.ndarray) -> np.ndarray:
+    """The number of elements as an int64 scalar."""
+    return np.array(x.size, dtype=_I64)
+
+
+_CONSTANT_FORMS = (
+    ("value_float", np.float32, False),
+    ("value_floats", np.float32, True),
+    ("value_int", np.int64, False),
+    ("value_ints", np.int64, True),
+    ("value_string", object, False),
+    ("value_strings", object, True),
+)
+
+
+def _constant_value(info: NodeInfo) -> np.ndarray:
+    attrs = info.attrs
+    if attrs.get("sparse_value") is not None:
+        raise UnsupportedOpError(
+            f"{info.describe()}: sparse_value constants are not supported by the cpu provider; "
+            "convert the sparse tensor to a dense 'value' attribute"
+        )
+    if attrs.get("value") is not None:
+        return attr_tensor(attrs["value"])
+    for name, dtype, is_list in _CONSTANT_FORMS:
+        v = attrs.get(name)
+        if v is None:
+            continue
+        if dtype is object:
+            v = [attr_str(s) for s in v] if is_list else attr_str(v)
+            out = np.empty(len(v) if is_list else (), dtype=object)
+            out[...] = v
+            return out
+        return np.array(list(v) if is_list else v, dtype=dtype)
+    raise ValueError(f"{info.describe()}: Constant sets none of its value attributes")
+
+
+@kernel("Constant", since=1, factory=True)
+def constant(info: NodeInfo) -> Callable[[], np.ndarray]:
+    """The value of whichever value attribute is set, built once; returned read-only."""
+    value = _constant_value(info)
+    value.flags.writeable = False
+    return lambda: value
+
+
+@kernel("ConstantOfShape", since=9, factory=True)
+def constant_of_shape(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """A tensor of the given shape filled with `value` (default float32 zero)."""
+    v = info.attrs.get("value")
+    fill = np.zeros((), np.float32) if v is None else attr_tensor(v).reshape(-1)[:1].reshape(())
+    dtype = fill.dtype
+    zero = dtype.kind != "O" and not fill.any()
+
+    def run(shape: np.ndarray) -> np.ndarray:
+        dims = to_ints(shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"ConstantOfShape: shape {list(dims)} has a negative dimension")
+        return np.zeros(dims, dtype) if zero else np.full(dims, fill, dtype)
+
+    return run
+
+
+def _scalar(a: np.ndarray, name: str, op: str):
+    if a.size != 1:
+        raise ValueError(f"{op}: '{name}' must be a scalar, got shape {list(a.shape)}")
+    return a.reshape(-1)[0]
+
+
+@kernel("Range", since=11, factory=True, capture=CaptureSupport.DATA_DEPENDENT_SHAPE)
+def range_(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """start, start+delta, ... up to limit (exclusive), accumulated as onnxruntime does."""
+    stash = info.attrs.get("stash_type", 1) if info.opset >= 27 else 1
+
+    def run(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        dtype = start.dtype
+        s = _scalar(start, "start", "Range")
+        lim = _scalar(limit, "limit", "Range")
+        d = _scalar(delta, "delta", "Range")
+        if d == 0:
+            raise ValueError("Range: delta must not be zero")
+        if dtype.kind in "iu":
+            s, lim, d = int(s), int(lim), int(d)
+            n = max(-((s - lim) // d), 0)
+            return (np.arange(n, dtype=dtype) * dtype.type(d) + dtype.type(s)).astype(dtype)
+        work = np.dtype(np.float32) if stash and dtype.itemsize < 4 else dtype
+        n = max(math.ceil((float(lim) - float(s)) / float(d)), 0)
+        out = np.full(n, d, dtype=work)
+        if n:
+            out[0] = s
+            np.cumsum(out, out=out)
+        return out if work == dtype else out.astype(dtype)
+
+    return run
+
+
+@kernel("EyeLike", since=9)
+def eye_like(x: np.ndarray, *, dtype: int | None, k: int) -> np.ndarray:
+    """A 2-D tensor shaped like the input with ones on the k-th diagonal."""
+    if x.ndim != 2:
+        raise ValueError(f"EyeLike: input must be 2-D, got shape {list(x.shape)}")
+    dt = x.dtype if dtype is None else to_numpy(dtype)
+    return np.eye(x.shape[0], x.shape[1], k=k, dtype=dt)
+
+
+@kernel("OneHot", since=9, factory=True)
+def one_hot(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """on_value where index == position along the new `axis`, else off_value."""
+    axis = info.attrs.get("axis", -1)
+
+    def run(indices: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
+        d = int(_scalar(np.asarray(depth), "depth", "OneHot"))
+        if d < 1:
+            raise ValueError(f"OneHot: depth must be positive, got {d}")
+        if values.size != 2:
+            raise ValueError(f"OneHot: values must hold [off, on], got shape {list(values.shape)}")
+        flat = values.reshape(-1)
+        idx = indices if indices.dtype == _I64 else indices.astype(_I64)
+        idx = np.where(idx < 0, idx + d, idx)
+        hot = idx[..., None] == np.arange(d, dtype=_I64)
+        out = np.where(hot, flat[1:2].reshape(()), flat[0:1].reshape(()))
+        a = norm_axis(axis, idx.ndim + 1, "OneHot")
+        if a != idx.ndim:
+            out = np.ascontiguousarray(np.moveaxis(out, -1, a))
+        return out
+
+    return run
+
+
+# Cast/CastLike live in their own module; importing it here registers them with the tensor ops.
+from onnxkiln.providers.cpu import cast as _cast  # noqa: E402, F401
