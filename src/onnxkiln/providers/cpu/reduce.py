@@ -78,6 +78,11 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
     return ones
 
 
+def _has_nan(a: np.ndarray) -> bool:
+    """Whether a float array holds a NaN (a NaN makes the sum NaN; cheaper than .any())."""
+    return math.isnan(np.add.reduce(a, axis=None))
+
+
 def _count(shape: Sequence[int], axes: tuple[int, ...]) -> int:
     return math.prod(shape[a] for a in axes)
 
@@ -249,12 +254,11 @@ def _make_extreme(largest: bool) -> Reducer:
             r = plain.reduce(xs, axis=axes, keepdims=True, initial=init)
             return r if r.dtype == dtype else r.astype(dtype)
         r = plain.reduce(xs, axis=axes, keepdims=True)
-        if xs.dtype.kind == "f":
-            nan = np.isnan(r)
-            if nan.any():  # onnxruntime's scan: a leading NaN sticks, later NaNs are skipped
-                r = nan_skipping.reduce(xs, axis=axes, keepdims=True)
-                first = xs[_first_index(axes, x.ndim)]
-                np.copyto(r, first, where=np.isnan(first))
+        if xs.dtype.kind == "f" and _has_nan(r):
+            # onnxruntime's scan: a leading NaN sticks, later NaNs are skipped
+            r = nan_skipping.reduce(xs, axis=axes, keepdims=True)
+            first = xs[_first_index(axes, x.ndim)]
+            np.copyto(r, first, where=np.isnan(first))
         return r if r.dtype == dtype else r.astype(dtype)
 
     return reduce_extreme
@@ -393,7 +397,11 @@ def _arg_factory(op: str, largest: bool) -> Callable[[NodeInfo], Callable]:
             if x.dtype.kind not in "iubf":  # bfloat16 and other ml_dtypes floats
                 x = x.astype(_F32)
             idx = locate(x, axis)
-            if x.dtype.kind == "f" and x.size and np.isnan(_gather(x, idx, axis)).any():
+            if (
+                x.dtype.kind == "f"
+                and x.size
+                and _has_nan(x if x.size <= 2048 else _gather(x, idx, axis))
+            ):
                 # onnxruntime scans from the first element: a leading NaN wins,
                 # later NaNs never compare greater/smaller and are skipped.
                 nan = np.isnan(x)
