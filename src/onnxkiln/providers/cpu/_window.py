@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,8 +147,3 @@ def window_slices(geo: Geometry, axis: int, j: int) -> slice:
     s, d, o = geo.strides[axis], geo.dilations[axis], geo.out[axis]
     start = j * d
     return slice(start, start + (o - 1) * s + 1, s)
-
-
-def spatial_size(shape: Sequence[int]) -> int:
-    """Product of the sizes (1 for none)."""
-    return math.prod(shape)

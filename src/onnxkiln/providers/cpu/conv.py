@@ -103,12 +103,11 @@ class _ConvPlan:
 
 def _conv_geometry(attrs: dict, x_shape: tuple, w_shape: tuple) -> Geometry:
     nsp = len(x_shape) - 2
-    kernel_shape = int_tuple(attrs.get("kernel_shape"), nsp, 0, "kernel_shape")
-    if attrs.get("kernel_shape") is None:
-        kernel_shape = tuple(w_shape[2:])
-    elif kernel_shape != tuple(w_shape[2:]):
-        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W spatial dims "
-                         f"{list(w_shape[2:])}")
+    kernel_shape = tuple(w_shape[2:])
+    given = attrs.get("kernel_shape")
+    if given is not None and len(given) > 0 and tuple(int(k) for k in given) != kernel_shape:
+        raise ValueError(f"kernel_shape {list(given)} does not match W spatial dims "
+                         f"{list(kernel_shape)}")
     return geometry(
         x_shape[2:],
         kernel_shape,
@@ -152,9 +151,11 @@ def _run_1x1(plan: _ConvPlan, x: np.ndarray, wm: np.ndarray, cdt: np.dtype) -> n
     if any(s != 1 for s in strides):
         x = x[(Ellipsis, *(slice(None, None, s) for s in strides))]
     g = plan.group
-    xm = x.reshape(plan.n, g, x.shape[1] // g, -1)
+    xm = x.reshape(plan.n, g, x.shape[1] // g, math.prod(plan.geo.out))
     if xm.dtype != cdt:
         xm = xm.astype(cdt)
+    if plan.n == 1 and g == 1:
+        return np.matmul(wm[0], xm[0, 0]).reshape(plan.out_shape), True
     return np.matmul(wm, xm).reshape(plan.out_shape), True
 
 
@@ -178,7 +179,9 @@ def _run_im2col(plan: _ConvPlan, x: np.ndarray, wm: np.ndarray, cdt: np.dtype) -
     cols = np.empty(plan.extra, dtype=cdt)
     np.copyto(cols, view, casting="unsafe")
     n, g = plan.n, plan.group
-    cols = cols.reshape(n, g, wm.shape[2], -1)
+    if n == 1 and g == 1:  # one plain 2-D GEMM
+        return np.matmul(wm[0], cols.reshape(wm.shape[2], -1)).reshape(plan.out_shape), True
+    cols = cols.reshape(n, g, wm.shape[2], math.prod(geo.out))
     return np.matmul(wm, cols).reshape(plan.out_shape), True
 
 
@@ -311,7 +314,9 @@ def _transpose_pads(attrs: dict, in_sp, k, s, d, out_pad) -> tuple[list, list, l
             raise ValueError(f"ConvTranspose output size {out} is empty (pads {list(pads)})")
         return list(pads[:nsp]), list(pads[nsp:]), out
     else:
-        raise ValueError(f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}")
+        raise ValueError(
+            f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}"
+        )
     total = [full[i] - out[i] for i in range(nsp)]
     if auto_pad == "SAME_UPPER":
         begin = [t // 2 for t in total]
@@ -324,10 +329,9 @@ def _plan_transpose(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> 
     nsp = len(x_shape) - 2
     in_sp = tuple(x_shape[2:])
     k = tuple(w_shape[2:])
-    if attrs.get("kernel_shape") is not None and len(attrs["kernel_shape"]) > 0:
-        if tuple(attrs["kernel_shape"]) != k:
-            raise ValueError(f"kernel_shape {list(attrs['kernel_shape'])} does not match W "
-                             f"spatial dims {list(k)}")
+    given = attrs.get("kernel_shape")
+    if given is not None and len(given) > 0 and tuple(given) != k:
+        raise ValueError(f"kernel_shape {list(given)} does not match W spatial dims {list(k)}")
     s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
     d = int_tuple(attrs.get("dilations"), nsp, 1, "dilations")
     out_pad = int_tuple(attrs.get("output_padding"), nsp, 0, "output_padding")
@@ -338,12 +342,13 @@ def _plan_transpose(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> 
     full = [(n - 1) * st + (kk - 1) * dd + 1 for n, st, kk, dd in zip(in_sp, s, k, d)]
     hi = [max(f, b + o) for f, b, o in zip(full, begin, out)]
     buf_shape = (x_shape[0], m, *(h - low for h, low in zip(hi, lo)))
-    taps = []
-    for pos in itertools.product(*(range(kk) for kk in k)):
-        taps.append(tuple(
+    taps = [
+        tuple(
             slice(j * dd - low, j * dd - low + (n - 1) * st + 1, st)
             for j, dd, low, n, st in zip(pos, d, lo, in_sp, s)
-        ))
+        )
+        for pos in itertools.product(*(range(kk) for kk in k))
+    ]
     crop = (slice(None), slice(None), *(slice(b - low, b - low + o)
                                         for b, low, o in zip(begin, lo, out)))
     if math.prod(k) == 1 and all(st == 1 for st in s) and tuple(out) == in_sp and not any(begin):
@@ -360,7 +365,7 @@ def _prep_transpose_weight(w: np.ndarray, group: int, cdt: np.dtype) -> np.ndarr
 
 def _run_transpose(plan: _TransposePlan, x: np.ndarray, wt: np.ndarray, cdt: np.dtype):
     n, g = plan.n, plan.group
-    xm = x.reshape(n, g, x.shape[1] // g, -1)
+    xm = x.reshape(n, g, x.shape[1] // g, math.prod(plan.in_sp))
     if xm.dtype != cdt:
         xm = xm.astype(cdt)
     cols = np.matmul(wt, xm)  # (N, g, M/g * prod(k), prod(in))

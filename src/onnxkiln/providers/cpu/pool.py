@@ -309,7 +309,7 @@ def global_average_pool(info: NodeInfo):
     def run(x: np.ndarray) -> np.ndarray:
         shape = _global_shape(x)
         cdt = compute_dtype(x.dtype)
-        rows = x.reshape(shape[0] * shape[1], -1)
+        rows = x.reshape(shape[0] * shape[1], math.prod(x.shape[2:]))
         if rows.dtype != cdt:
             rows = rows.astype(cdt)
         size = rows.shape[1]
@@ -328,7 +328,7 @@ def global_max_pool(x: np.ndarray) -> np.ndarray:
     """GlobalMaxPool: max over all spatial axes, kept as size-1 dims."""
     shape = _global_shape(x)
     work = x.astype(np.float32) if x.dtype.kind == "V" else x
-    y = np.max(work.reshape(*shape[:2], -1), axis=2)
+    y = np.max(work.reshape(*shape[:2], math.prod(x.shape[2:])), axis=2)
     return y.astype(x.dtype, copy=False).reshape(shape)
 
 
@@ -338,7 +338,7 @@ def global_lp_pool(x: np.ndarray, *, p) -> np.ndarray:
     shape = _global_shape(x)
     pf = float(p)
     buf = _lp_power(x, pf, compute_dtype(x.dtype), None)
-    y = np.sum(buf.reshape(*shape[:2], -1), axis=2)
+    y = np.sum(buf.reshape(*shape[:2], math.prod(x.shape[2:])), axis=2)
     return _lp_root(y, pf).astype(x.dtype, copy=False).reshape(shape)
 
 
