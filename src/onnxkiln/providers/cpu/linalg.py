@@ -56,6 +56,16 @@ def matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
     """numpy.matmul semantics; float16/bfloat16 multiply in float32 (a constant B is cast once)."""
     b_const = _const(info, 1)
     b32 = b_const.astype(_F32) if b_const is not None and b_const.dtype in _LOW else None
+    a_type = info.input_dtypes[0] if info.input_dtypes else None
+
+    def run_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        try:
+            return _mm(a, b)
+        except ValueError as e:
+            raise _shape_error("MatMul", a, b, e) from e
+
+    if a_type is not None and a_type.numpy.kind == "f" and a_type.numpy not in _LOW:
+        return run_blas  # float32/float64 known at plan time: straight to BLAS
 
     def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         try:

@@ -35,8 +35,8 @@ def _compute_dtype(dt: np.dtype) -> np.dtype:
 
 @functools.lru_cache(maxsize=256)
 def _fill(n: int, value: float, dt: np.dtype) -> np.ndarray:
-    """A read-only vector of n copies of value: row sums as one BLAS matrix-vector product."""
-    v = np.full(n, value, dtype=dt)
+    """A read-only (n, 1) column of `value`: row sums as one BLAS product (~5x np.sum)."""
+    v = np.full((n, 1), value, dtype=dt)
     v.flags.writeable = False
     return v
 
@@ -55,18 +55,16 @@ def _axis(axis: int, ndim: int, op: str) -> int:
 def _softmax_rows(x2: np.ndarray, owned: bool, log: bool) -> np.ndarray:
     """Softmax (or log-softmax) over axis 1 of a 2-D float32/float64 array; fresh result."""
     # fmax ignores NaN in the max, but a NaN still reaches the row sum, so the row is NaN.
-    m = np.fmax.reduce(x2, axis=1)
-    y = np.subtract(x2, m[:, None], out=x2 if owned else None)
+    m = np.fmax.reduce(x2, axis=1, keepdims=True)
+    y = np.subtract(x2, m, out=x2 if owned else None)
     ones = _fill(x2.shape[1], 1.0, x2.dtype)
     if log:
         s = np.matmul(np.exp(y), ones)
         np.log(s, out=s)
-        y -= s[:, None]
+        y -= s
     else:
         np.exp(y, out=y)
-        s = np.matmul(y, ones)
-        np.reciprocal(s, out=s)
-        y *= s[:, None]
+        y /= np.matmul(y, ones)
     return y
 
 
@@ -80,9 +78,7 @@ def _softmax_axis(x: np.ndarray, owned: bool, axis: int, log: bool) -> np.ndarra
         y -= s
     else:
         np.exp(y, out=y)
-        s = np.add.reduce(y, axis=axis, keepdims=True)
-        np.reciprocal(s, out=s)
-        y *= s
+        y /= np.add.reduce(y, axis=axis, keepdims=True)
     return y
 
 
@@ -153,16 +149,16 @@ def _normalize_rows(
     if x2.dtype != cdt:
         y = x2.astype(cdt)
         mean = np.matmul(y, _fill(n, 1.0 / n, cdt))
-        y -= mean[:, None]
+        y -= mean
     else:
         mean = np.matmul(x2, _fill(n, 1.0 / n, cdt))
-        y = np.subtract(x2, mean[:, None])
-    var = np.einsum("ij,ij->i", y, y)
+        y = np.subtract(x2, mean)
+    var = np.einsum("ij,ij->i", y, y).reshape(-1, 1)
     var *= cdt.type(1.0 / n)
     var += cdt.type(eps)
     inv = np.sqrt(var, out=var)
     np.reciprocal(inv, out=inv)
-    y *= inv[:, None]
+    y *= inv
     return y, mean, inv
 
 
@@ -342,7 +338,7 @@ def _bn_training(x, scale, b, mean, var, eps, momentum, spatial, cdt):
         run_mean.astype(mdt),
         run_var.astype(var.dtype),
         cur_mean.reshape(mean.shape).astype(mdt),
-        cur_var.reshape(var.shape).astype(var.dtype),
+        inv.reshape(var.shape).astype(var.dtype),  # saved_var: 1/sqrt(var + eps), as onnxruntime
     )
 
 
