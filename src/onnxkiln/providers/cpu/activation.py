@@ -42,7 +42,8 @@ _EXP_MAX = {_F32: 88.0, _F64: 709.0}
 
 def _float_kernel(info: NodeInfo, run: Callable[[Array], Array]) -> Callable[[Array], Array]:
     """`run` handles float32/float64; float16 and bfloat16 go through float32."""
-    if input_dtype(info, 0) in (_F32, _F64):
+    dt = input_dtype(info, 0)
+    if dt is not None and dt in (_F32, _F64):  # (np.dtype("float64") == None is True)
         return run
 
     def widened(x: Array) -> Array:

@@ -99,6 +99,11 @@ def _legacy_binary(inner: Callable[[NodeInfo], Callable[..., Any]], name: str):
 # Arithmetic
 
 
+def _buffer(r: Array) -> np.ndarray | None:
+    """r as an `out=` target when it is an array we own (ufuncs return scalars for 0-d)."""
+    return r if isinstance(r, np.ndarray) else None
+
+
 def _check_nonzero(b: Array, op: str) -> None:
     if not np.all(b):
         n = int(np.size(b) - np.count_nonzero(b))
@@ -111,9 +116,9 @@ def _int_div(a: Array, b: Array) -> Array:
     if a.dtype.kind == "u":
         return np.floor_divide(a, b)
     r = np.fmod(a, b)  # sign of a, so a - r is an exact multiple of b (and cannot overflow)
-    np.subtract(a, r, out=r)
-    np.floor_divide(r, b, out=r)
-    return r
+    buf = _buffer(r)
+    r = np.subtract(a, r, out=buf)
+    return np.floor_divide(r, b, out=buf)
 
 
 def _div_any(a: Array, b: Array) -> Array:
@@ -159,7 +164,7 @@ def _cube(x: Array) -> Array:
     if x.dtype in _LOW_FLOATS:
         return np.power(x, x.dtype.type(3))
     y = np.multiply(x, x)
-    return np.multiply(y, x, out=y) if isinstance(y, np.ndarray) else y * x
+    return np.multiply(y, x, out=_buffer(y))
 
 
 _POW_FAST: dict[float, Callable[[Array], Array]] = {
@@ -254,8 +259,11 @@ for _op, _ufunc in (
 
 
 def _erf_any(x: Array) -> Array:
-    if x.dtype in _LOW_FLOATS:
-        return scipy.special.erf(x.astype(_F32)).astype(x.dtype)
+    dt = x.dtype
+    if dt in _LOW_FLOATS:
+        return scipy.special.erf(x.astype(_F32)).astype(dt)
+    if dt.kind in "iu":  # opset 9-12 allow ints: erf in float64, truncated back
+        return scipy.special.erf(x.astype(_F64)).astype(dt)
     return scipy.special.erf(x)
 
 
@@ -281,9 +289,9 @@ def _fold(ufunc: np.ufunc, xs: tuple[Array, ...], dtype: np.dtype | None = None)
         return np.array(first, dtype=dtype, copy=True)
     shape = np.broadcast_shapes(*(np.shape(x) for x in xs))
     out = np.empty(shape, dtype=dtype or first.dtype)
-    ufunc(first, xs[1], out=out)
+    ufunc(first, xs[1], out=out, dtype=out.dtype)  # dtype= picks the loop, not just the cast
     for x in xs[2:]:
-        ufunc(out, x, out=out)
+        ufunc(out, x, out=out, dtype=out.dtype)
     return out
 
 
@@ -305,9 +313,12 @@ def min_(*xs: Array) -> Array:
 
 @kernel("Sum", since=1)
 def sum_(*xs: Array) -> Array:
-    """Elementwise sum of all inputs."""
+    """Elementwise sum of all inputs; float16/bfloat16 with 3+ inputs accumulate in float32."""
     if len(xs) == 2:
         return np.add(xs[0], xs[1])
+    dt = xs[0].dtype
+    if dt in _LOW_FLOATS and len(xs) > 2:
+        return _fold(np.add, xs, _F32).astype(dt)
     return _fold(np.add, xs)
 
 
