@@ -328,3 +328,13 @@ def test_concurrent_runs_from_threads_are_correct(session):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_string_initializers_come_out_as_str_objects():
+    model = make_model(
+        [helper.make_node("Identity", ["s"], ["y"])], [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])],
+        {"s": np.array(["ab", "é"], dtype=object)},
+    )
+    y = InferenceSession.from_graph(model).run({})[0]
+    assert y.dtype == object and y.tolist() == ["ab", "é"]

@@ -203,9 +203,12 @@ def _tensor_value(value: ir.Value, name: str) -> np.ndarray:
     if tensor is None:
         raise ModelLoadError(f"initializer '{name}' has no data (missing initializer)")
     try:
-        return tensor.numpy()
+        array = tensor.numpy()
     except Exception as e:
         raise ModelLoadError(f"initializer '{name}' cannot be read: {e}") from e
+    if array.dtype.kind == "S":  # ONNX strings are UTF-8; users see str objects
+        array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array)
+    return array
 
 
 def _attributes(node: ir.Node, domain: str, opset: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the kernels)
     activation,
+    cast,
     conv,
     index,
     linalg,

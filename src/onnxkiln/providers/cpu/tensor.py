@@ -23,54 +23,59 @@ from onnxkiln.providers.cpu.registry import kernel
 _I64 = np.dtype(np.int64)
 
 
-def _reshape_to(x: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
-    try:
+Shape = tuple[int, ...]
+_CACHE_LIMIT = 64  # distinct input shapes remembered per node (decode loops vary a dim)
+
+
+def _shape_cached(compute: Callable[[Shape], Shape]) -> Callable[..., np.ndarray]:
+    """A view kernel that works out the output shape once per input shape."""
+    cache: dict[Shape, Shape] = {}
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        target = cache.get(x.shape)
+        if target is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            target = cache[x.shape] = compute(x.shape)
         return x.reshape(target)
-    except ValueError:
+
+    return run
+
+
+def _reshape_target(shape: Shape, target: Shape, allowzero: int) -> Shape:
+    """The requested shape with 0 copied from the input (unless allowzero) and -1 solved."""
+    if not allowzero and 0 in target:
+        if len(target) > len(shape) and 0 in target[len(shape) :]:
+            raise ValueError(
+                f"Reshape: shape {list(target)} has a 0 beyond the input's {len(shape)} dims"
+            )
+        target = tuple(shape[i] if d == 0 else d for i, d in enumerate(target))
+    size = math.prod(shape)
+    if target.count(-1) > 1 or any(d < -1 for d in target):
+        raise ValueError(f"Reshape: invalid shape {list(target)}")
+    if -1 in target:
+        rest = -math.prod(target)
+        if rest == 0 or size % rest:
+            raise ValueError(
+                f"Reshape: cannot reshape a tensor of shape {list(shape)} ({size} elements) "
+                f"into {list(target)}"
+            )
+        target = tuple(size // rest if d == -1 else d for d in target)
+    elif math.prod(target) != size:
         raise ValueError(
-            f"Reshape: cannot reshape a tensor of shape {list(x.shape)} ({x.size} elements) "
+            f"Reshape: cannot reshape a tensor of shape {list(shape)} ({size} elements) "
             f"into {list(target)}"
-        ) from None
+        )
+    return target
 
 
-def _resolve_zeros(x: np.ndarray, target: tuple[int, ...]) -> tuple[int, ...]:
-    """A 0 in the requested shape copies the input's dimension at that position."""
-    shape = x.shape
-    out = []
-    for i, d in enumerate(target):
-        if d == 0:
-            if i >= len(shape):
-                raise ValueError(
-                    f"Reshape: shape {list(target)} has 0 at position {i} but the input "
-                    f"{list(shape)} has only {len(shape)} dims to copy from"
-                )
-            d = shape[i]
-        out.append(d)
-    return tuple(out)
-
-
-def _reshape_fn(target: tuple[int, ...] | None, allowzero: int) -> Callable[..., np.ndarray]:
+def _reshape_fn(target: Shape | None, allowzero: int) -> Callable[..., np.ndarray]:
     """A kernel reshaping to `target` (None: read the shape input on each call)."""
     if target is not None:
-        if target.count(-1) > 1:
-            raise ValueError(f"Reshape: shape {list(target)} has more than one -1")
-        if allowzero or 0 not in target:
-
-            def run(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
-                return _reshape_to(x, target)
-
-        else:
-
-            def run(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
-                return _reshape_to(x, _resolve_zeros(x, target))
-
-        return run
+        return _shape_cached(lambda shape: _reshape_target(shape, target, allowzero))
 
     def run_dynamic(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
-        t = to_ints(shape)
-        if not allowzero and 0 in t:
-            t = _resolve_zeros(x, t)
-        return _reshape_to(x, t)
+        return x.reshape(_reshape_target(x.shape, to_ints(shape), allowzero))
 
     return run_dynamic
 
@@ -92,58 +97,75 @@ def reshape(info: NodeInfo) -> Callable[..., np.ndarray]:
     return _reshape_fn(None if const is None else to_ints(const), allowzero)
 
 
-@kernel("Transpose", since=1, view=True)
-def transpose(x: np.ndarray, *, perm: list[int] | None) -> np.ndarray:
+@kernel("Transpose", since=1, factory=True, view=True)
+def transpose(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
     """Permute axes (default: reverse them); returns a strided view."""
+    perm = info.attrs.get("perm")
     if perm is None:
-        return x.transpose()
-    if len(perm) != x.ndim or sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {x.ndim}")
-    return x.transpose(perm)
+        return lambda x: x.transpose()
+    order = to_ints(perm)
+    if sorted(order) != list(range(len(order))):
+        raise ValueError(f"Transpose: perm {list(order)} is not a permutation")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim != len(order):
+            raise ValueError(f"Transpose: perm {list(order)} does not fit input rank {x.ndim}")
+        return x.transpose(order)
+
+    return run
 
 
-def _squeeze(x: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
-    shape = x.shape
+def _squeeze_shape(shape: Shape, axes: Shape | None) -> Shape:
     if axes is None:
-        return x.reshape(tuple(d for d in shape if d != 1))
-    drop = norm_axes(axes, x.ndim, "Squeeze")
+        return tuple(d for d in shape if d != 1)
+    drop = norm_axes(axes, len(shape), "Squeeze")
     for a in drop:
         if shape[a] != 1:
             raise ValueError(
                 f"Squeeze: axis {a} of shape {list(shape)} has size {shape[a]}, expected 1"
             )
-    return x.reshape(tuple(d for i, d in enumerate(shape) if i not in drop))
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
 
 
-def _unsqueeze(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    rank = x.ndim + len(axes)
-    new = sorted(norm_axes(axes, rank, "Unsqueeze"))
-    shape = list(x.shape)
+def _unsqueeze_shape(shape: Shape, axes: Shape) -> Shape:
+    new = sorted(norm_axes(axes, len(shape) + len(axes), "Unsqueeze"))
+    out = list(shape)
     for a in new:
-        shape.insert(a, 1)
-    return x.reshape(shape)
+        out.insert(a, 1)
+    return tuple(out)
 
 
-@kernel("Squeeze", since=1, until=12, view=True)
-def squeeze_v1(x: np.ndarray, *, axes: list[int] | None) -> np.ndarray:
+def _squeeze_fn(axes: Shape | None) -> Callable[..., np.ndarray]:
+    return _shape_cached(lambda shape: _squeeze_shape(shape, axes))
+
+
+def _unsqueeze_fn(axes: Shape) -> Callable[..., np.ndarray]:
+    return _shape_cached(lambda shape: _unsqueeze_shape(shape, axes))
+
+
+@kernel("Squeeze", since=1, until=12, factory=True, view=True)
+def squeeze_v1(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Drop size-1 axes given by the `axes` attribute (all size-1 axes when absent)."""
-    return _squeeze(x, None if axes is None else tuple(axes))
+    axes = info.attrs.get("axes")
+    return _squeeze_fn(None if axes is None else to_ints(axes))
 
 
 @kernel("Squeeze", since=13, factory=True, view=True)
 def squeeze(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Drop size-1 axes given by the optional `axes` input."""
     const = const_input(info, 1)
-    if const is not None:
-        fixed = to_ints(const)
-        return lambda x, axes=None: _squeeze(x, fixed)
-    return lambda x, axes=None: _squeeze(x, None if axes is None else to_ints(axes))
+    present = info.n_inputs > 1 and (not info.input_present or info.input_present[1])
+    if const is not None or not present:
+        return _squeeze_fn(None if const is None else to_ints(const))
+    return lambda x, axes=None: x.reshape(
+        _squeeze_shape(x.shape, None if axes is None else to_ints(axes))
+    )
 
 
-@kernel("Unsqueeze", since=1, until=12, view=True)
-def unsqueeze_v1(x: np.ndarray, *, axes: list[int]) -> np.ndarray:
+@kernel("Unsqueeze", since=1, until=12, factory=True, view=True)
+def unsqueeze_v1(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Insert size-1 axes at the output positions in the `axes` attribute."""
-    return _unsqueeze(x, tuple(axes))
+    return _unsqueeze_fn(to_ints(info.attrs["axes"]))
 
 
 @kernel("Unsqueeze", since=13, factory=True, view=True)
@@ -151,9 +173,8 @@ def unsqueeze(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Insert size-1 axes at the output positions in the `axes` input."""
     const = const_input(info, 1)
     if const is not None:
-        fixed = to_ints(const)
-        return lambda x, axes=None: _unsqueeze(x, fixed)
-    return lambda x, axes: _unsqueeze(x, to_ints(axes))
+        return _unsqueeze_fn(to_ints(const))
+    return lambda x, axes: x.reshape(_unsqueeze_shape(x.shape, to_ints(axes)))
 
 
 @kernel("Flatten", since=1, view=True)
@@ -177,15 +198,13 @@ def concat(*xs: np.ndarray, axis: int | None) -> np.ndarray:
     """Join tensors along `axis` (opset 1 defaults it to 1)."""
     if axis is None:
         axis = 1
-    arrays = [x for x in xs if x is not None]
-    if not arrays:
+    if not xs:
         raise ValueError("Concat: needs at least one input")
-    rank = arrays[0].ndim
-    a = norm_axis(axis, rank, "Concat")
+    a = norm_axis(axis, xs[0].ndim, "Concat")
     try:
-        return np.concatenate(arrays, axis=a)
+        return np.concatenate(xs, axis=a)
     except ValueError:
-        shapes = [list(x.shape) for x in arrays]
+        shapes = [list(x.shape) for x in xs]
         raise ValueError(
             f"Concat: inputs must match in every dim but axis {axis}; got shapes {shapes}"
         ) from None
@@ -266,7 +285,9 @@ def expand(info: NodeInfo) -> Callable[..., np.ndarray]:
 
 def _tile(x: np.ndarray, reps: tuple[int, ...]) -> np.ndarray:
     if len(reps) != x.ndim:
-        raise ValueError(f"Tile: repeats {list(reps)} must have one entry per dim of {x.shape}")
+        raise ValueError(
+            f"Tile: repeats {list(reps)} must have one entry per dim of {list(x.shape)}"
+        )
     if any(r < 0 for r in reps):
         raise ValueError(f"Tile: repeats {list(reps)} must be non-negative")
     return np.tile(x, reps) if reps else x.copy()
@@ -386,7 +407,12 @@ def range_(info: NodeInfo) -> Callable[..., np.ndarray]:
         if dtype.kind in "iu":
             s, lim, d = int(s), int(lim), int(d)
             n = max(-((s - lim) // d), 0)
-            return (np.arange(n, dtype=dtype) * dtype.type(d) + dtype.type(s)).astype(dtype)
+            out = np.arange(n, dtype=dtype)
+            if d != 1:
+                out *= dtype.type(d)
+            if s:
+                out += dtype.type(s)
+            return out
         work = np.dtype(np.float32) if stash and dtype.itemsize < 4 else dtype
         n = max(math.ceil((float(lim) - float(s)) / float(d)), 0)
         out = np.full(n, d, dtype=work)
@@ -429,7 +455,3 @@ def one_hot(info: NodeInfo) -> Callable[..., np.ndarray]:
         return out
 
     return run
-
-
-# Cast/CastLike live in their own module; importing it here registers them with the tensor ops.
-from onnxkiln.providers.cpu import cast as _cast  # noqa: E402, F401
