@@ -19,7 +19,8 @@ def _affine_model() -> onnx.ModelProto:
     """y = x @ w + b with weights big enough to be saved as external data."""
     w = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
     b = np.linspace(-1, 1, 4, dtype=np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]),
+             helper.make_node("Add", ["t", "b"], ["y"])]
     return make_model(nodes, [tensor_info("x", np.float32, ["n", 3])],
                       [tensor_info("y", np.float32, ["n", 4])], {"w": w, "b": b})
 
@@ -76,7 +77,8 @@ def test_external_data_is_memory_mapped_and_resolved_beside_the_model(tmp_path):
 
 def test_load_bytes_with_external_data_needs_a_folder(tmp_path):
     path = _save_external(_affine_model(), tmp_path)
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     with pytest.raises(ModelLoadError, match="external_data_dir"):
         InferenceSession.load_bytes(data)
     session = InferenceSession.load_bytes(data, external_data_dir=str(tmp_path))

@@ -65,7 +65,7 @@ def test_run_returns_outputs_in_graph_order(session):
 
 
 def test_run_accepts_pairs_and_python_lists(session):
-    y, z = session.run([("a", A.tolist()), ("b", B)])
+    y, _ = session.run([("a", A.tolist()), ("b", B)])
     np.testing.assert_array_equal(y, np.maximum(A + B, 0))
     assert y.dtype == np.float32
 
@@ -294,7 +294,8 @@ def test_values_are_freed_after_their_last_use():
     assert plan.last_use[slot["a"]] == 1 and plan.last_use[slot["b"]] == 2
     assert plan.last_use[slot["x"]] == 2 and slot["y"] not in plan.last_use
     source = s._compiled.source.splitlines()
-    assert source[source.index(f"    v{slot['b']} = k1(v{slot['a']})") + 1] == f"    del v{slot['a']}"
+    line = source.index(f"    v{slot['b']} = k1(v{slot['a']})")
+    assert source[line + 1] == f"    del v{slot['a']}"
     np.testing.assert_array_equal(s.run({"x": np.array([-1, 2], np.float32)})[0], [-1, 0])
 
 
