@@ -4,7 +4,6 @@ matches onnxruntime on them."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from functools import cache
 
 import numpy as np
@@ -33,12 +32,6 @@ CASES = {
     ),
 }
 
-needs_session = pytest.mark.skipif(
-    importlib.util.find_spec("onnxkiln.session") is None,
-    reason="onnxkiln.session does not exist yet",
-)
-
-
 @cache
 def _model(generator, overrides: tuple) -> onnx.ModelProto:
     return generator(seed=0, **dict(overrides))
@@ -66,7 +59,6 @@ def test_onnxruntime_agrees_with_reference_evaluator(name):
         assert np.isfinite(got).all()
 
 
-@needs_session
 @pytest.mark.parametrize("optimization", ["all", "disabled"])
 @pytest.mark.parametrize("name", CASES)
 def test_onnxkiln_matches_onnxruntime(name, optimization):
