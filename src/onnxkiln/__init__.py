@@ -23,6 +23,7 @@ from onnxkiln.errors import (
 from onnxkiln.session import InferenceSession, SessionBuilder
 from onnxkiln.types import (
     CacheStats,
+    ControlFlowStats,
     DeviceId,
     DeviceType,
     IoMeta,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheStats",
     "CaptureError",
+    "ControlFlowStats",
     "DataType",
     "DeviceBindingError",
     "DeviceId",

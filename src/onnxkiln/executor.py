@@ -13,7 +13,7 @@ from typing import Any
 from onnxkiln.errors import KernelError, SessionError
 from onnxkiln.plan import Plan, Step
 
-__all__ = ["CompiledPlan"]
+__all__ = ["CompiledPlan", "SubgraphRunner"]
 
 _counter = itertools.count()
 
@@ -96,3 +96,35 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
     lines.append(f"    return [{', '.join(ref(s) for s in plan.output_slots)}]")
     return "\n".join(lines) + "\n", line_steps
 
+
+
+class SubgraphRunner:
+    """A compiled If/Loop/Scan body: picks its captured values and counts builds and runs."""
+
+    def __init__(self, compiled: CompiledPlan, capture_index: tuple[int, ...], graph, label: str,
+                 stats) -> None:
+        self._compiled = compiled
+        self._index = capture_index
+        self._stats = stats
+        self._seen: set[tuple] = set()
+        self.label = label
+        self.input_names = tuple(v.name for v in graph.inputs)
+        self.output_names = tuple(v.name for v in graph.outputs)
+
+    def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
+        """Run the body on its formal inputs plus the captured outer values."""
+        signature = tuple(_signature(v) for v in inputs)
+        if signature not in self._seen:
+            self._seen.add(signature)
+            self._stats.builds += 1
+        self._stats.runs += 1
+        return self._compiled([*inputs, *(captured[i] for i in self._index)])
+
+
+def _signature(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return (getattr(value, "dtype", None), shape)
+    if isinstance(value, list):
+        return ("seq", len(value))
+    return type(value)

@@ -13,9 +13,15 @@ import onnx_ir as ir
 
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import ModelLoadError, UnsupportedOpError
-from onnxkiln.providers.base import KernelRegistry, KernelSpec, NodeInfo, normalize_domain
+from onnxkiln.providers.base import (
+    ControlFlowCounter,
+    KernelRegistry,
+    KernelSpec,
+    NodeInfo,
+    normalize_domain,
+)
 
-__all__ = ["Plan", "Step", "build_plan"]
+__all__ = ["Plan", "Step", "build_plan", "free_values"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +59,37 @@ class Plan:
     output_may_alias: list[bool] = field(default_factory=list)
 
 
-def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
+def build_plan(
+    model: ir.Model,
+    registries: Sequence[KernelRegistry],
+    stats: ControlFlowCounter | None = None,
+) -> Plan:
     """Resolve a kernel for every node and lay out slots; all missing kernels fail at once."""
-    graph = model.graph
-    opsets = {normalize_domain(d): v for d, v in model.opset_imports.items()}
+    ctx = _Context(
+        {normalize_domain(d): v for d, v in model.opset_imports.items()},
+        tuple(registries),
+        stats if stats is not None else ControlFlowCounter(),
+    )
+    plan = _graph_plan(model.graph, ctx, ())
+    if ctx.missing:
+        asked = ", ".join(r.provider for r in registries)
+        raise UnsupportedOpError(
+            f"{len(ctx.missing)} node(s) have no kernel on the requested providers ({asked}):\n  "
+            + "\n  ".join(ctx.missing)
+        )
+    return plan
+
+
+@dataclass
+class _Context:
+    opsets: dict[str, int]
+    registries: tuple[KernelRegistry, ...]
+    stats: ControlFlowCounter
+    missing: list[str] = field(default_factory=list)
+
+
+def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value]) -> Plan:
+    """Plan one graph; `captures` are outer-scope values appended after its inputs."""
     slots: dict[ir.Value, int] = {}
     names: list[str] = []
 
@@ -67,11 +100,10 @@ def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
             names.append(value.name or f"<value {s}>")
         return s
 
-    initializers = dict(graph.initializers)
-    input_slots = [slot_of(v) for v in graph.inputs]
+    input_slots = [slot_of(v) for v in (*graph.inputs, *captures)]
     input_defaults: dict[int, np.ndarray] = {}
     constants: dict[int, Any] = {}
-    for name, value in initializers.items():
+    for name, value in graph.initializers.items():
         array = _tensor_value(value, name)
         if value.is_graph_input():
             input_defaults[slot_of(value)] = array
@@ -79,18 +111,19 @@ def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
             constants[slot_of(value)] = array
 
     steps: list[Step] = []
-    missing: list[str] = []
     external = set(input_slots) | set(constants)
     for node_id, node in enumerate(graph):
         domain = normalize_domain(node.domain)
-        opset = opsets.get(domain, 1)
-        spec, provider = _resolve(registries, domain, node.op_type, opset)
+        opset = ctx.opsets.get(domain, 1)
+        spec, provider = _resolve(ctx.registries, domain, node.op_type, opset)
+        subgraphs, captured = _subgraphs(node, ctx)
         if spec is None:
-            missing.append(_describe_missing(node, domain, opset, registries))
+            ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
             continue
         in_slots = tuple(None if v is None else slot_of(v) for v in node.inputs)
+        cap_slots = tuple(slot_of(v) for v in captured)
         out_slots = tuple(None if (v is None or not v.name) else slot_of(v) for v in node.outputs)
-        info = _node_info(node, domain, opset, in_slots, out_slots, constants)
+        info = _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs)
         kernel = _build_kernel(spec, info)
         if node.op_type == "Constant" and domain == "" and out_slots[0] is not None:
             constants[out_slots[0]] = _run_constant(kernel, info)
@@ -99,13 +132,8 @@ def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
         if spec.view and in_slots and in_slots[0] in external:
             external.update(s for s in out_slots if s is not None)
         steps.append(Step(node_id, node.name or f"{node.op_type}_{node_id}", node.op_type,
-                          domain, opset, provider, spec, kernel, in_slots, out_slots))
-    if missing:
-        asked = ", ".join(r.provider for r in registries)
-        raise UnsupportedOpError(
-            f"{len(missing)} node(s) have no kernel on the requested providers ({asked}):\n  "
-            + "\n  ".join(missing)
-        )
+                          domain, opset, provider, spec, kernel, in_slots + cap_slots,
+                          out_slots))
 
     output_slots = [slot_of(v) for v in graph.outputs]
     last_use: dict[int, int] = {}
@@ -117,9 +145,63 @@ def build_plan(model: ir.Model, registries: Sequence[KernelRegistry]) -> Plan:
         last_use.setdefault(s, -1)
     for s in (*output_slots, *constants):
         last_use.pop(s, None)
-    _check_outputs_defined(graph, output_slots, steps, input_slots, constants, names)
+    if not ctx.missing:
+        _check_outputs_defined(graph, output_slots, steps, input_slots, constants)
     return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
                 [s in external for s in output_slots])
+
+
+def _subgraphs(node: ir.Node, ctx: _Context) -> tuple[dict[str, Any], list[ir.Value]]:
+    """Compile each graph attribute of `node`; return runners and the union of captures."""
+    graphs = {
+        name: attr.value
+        for name, attr in node.attributes.items()
+        if attr.type == ir.AttributeType.GRAPH
+    }
+    if not graphs:
+        return {}, []
+    captured: list[ir.Value] = []
+    per_graph: dict[str, list[ir.Value]] = {}
+    for name, g in graphs.items():
+        per_graph[name] = free_values(g)
+        captured.extend(v for v in per_graph[name] if v not in captured)
+    from onnxkiln.executor import CompiledPlan, SubgraphRunner  # executor imports this module
+
+    runners = {}
+    for name, g in graphs.items():
+        plan = _graph_plan(g, ctx, per_graph[name])
+        if ctx.missing:
+            continue
+        index = tuple(captured.index(v) for v in per_graph[name])
+        label = f"{node.name or node.op_type}.{name}"
+        runners[name] = SubgraphRunner(CompiledPlan(plan), index, g, label, ctx.stats)
+    return runners, captured
+
+
+def free_values(graph: ir.Graph) -> list[ir.Value]:
+    """Outer-scope values a graph (or any graph nested in it) reads, in first-use order."""
+    defined: set[ir.Value] = set(graph.inputs) | set(graph.initializers.values())
+    free: list[ir.Value] = []
+
+    def use(v: ir.Value | None) -> None:
+        if v is not None and v not in defined and v not in free:
+            free.append(v)
+
+    for node in graph:
+        for v in node.inputs:
+            use(v)
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                for v in free_values(attr.value):
+                    use(v)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for g in attr.value:
+                    for v in free_values(g):
+                        use(v)
+        defined.update(node.outputs)
+    for v in graph.outputs:
+        use(v)
+    return free
 
 
 def _resolve(registries: Sequence[KernelRegistry], domain: str, op_type: str, opset: int):
@@ -151,7 +233,7 @@ def _type_str(value: ir.Value | None) -> str:
     return f"{dtype}[{','.join(str(d) for d in value.shape)}]"
 
 
-def _node_info(node, domain, opset, in_slots, out_slots, constants) -> NodeInfo:
+def _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs) -> NodeInfo:
     return NodeInfo(
         name=node.name or f"{node.op_type}",
         op_type=node.op_type,
@@ -166,6 +248,7 @@ def _node_info(node, domain, opset, in_slots, out_slots, constants) -> NodeInfo:
         output_dtypes=tuple(_dtype(v) for v in node.outputs),
         input_shapes=tuple(_shape(v) for v in node.inputs),
         const_inputs=tuple(None if s is None else constants.get(s) for s in in_slots),
+        subgraphs=subgraphs,
     )
 
 
@@ -253,7 +336,7 @@ def _schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]
     return out
 
 
-def _check_outputs_defined(graph, output_slots, steps, input_slots, constants, names) -> None:
+def _check_outputs_defined(graph, output_slots, steps, input_slots, constants) -> None:
     produced = {s for step in steps for s in step.outputs if s is not None}
     produced |= set(input_slots) | set(constants)
     for value, s in zip(graph.outputs, output_slots):

@@ -18,10 +18,12 @@ from onnxkiln.executor import CompiledPlan
 from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
 from onnxkiln.partition import Placement, select_providers
 from onnxkiln.plan import build_plan
+from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.specialize import SpecializationCache
 from onnxkiln.threads import thread_limit
 from onnxkiln.types import (
     CacheStats,
+    ControlFlowStats,
     DeviceId,
     IoMeta,
     ModelMetadata,
@@ -123,7 +125,8 @@ class InferenceSession:
         self._optimization = config._optimization
         self._threads = config._threads
         self._options = dict(config._options)
-        self._plan = build_plan(model, placement.registries)
+        self._control_flow = ControlFlowCounter()
+        self._plan = build_plan(model, placement.registries, self._control_flow)
         self._compiled = CompiledPlan(self._plan)
         self._inputs = [_io_meta(v, optional=v.is_initializer()) for v in model.graph.inputs]
         self._outputs = [_io_meta(v) for v in model.graph.outputs]
@@ -236,6 +239,10 @@ class InferenceSession:
     def cache_stats(self) -> CacheStats:
         """Counters of the specialisation cache keyed by input signature."""
         return self._cache.stats()
+
+    def control_flow_stats(self) -> ControlFlowStats:
+        """If/Loop/Scan bodies: specialisations built (per input signature) and runs."""
+        return ControlFlowStats(self._control_flow.builds, self._control_flow.runs)
 
 
 def _kind(value: Any) -> str:

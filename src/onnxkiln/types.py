@@ -13,6 +13,7 @@ from onnxkiln.errors import SequenceOutputError
 
 __all__ = [
     "CacheStats",
+    "ControlFlowStats",
     "DeviceId",
     "DeviceType",
     "IoMeta",
@@ -82,6 +83,14 @@ class CacheStats:
     hits: int
     misses: int
     evictions: int
+
+
+@dataclass(frozen=True)
+class ControlFlowStats:
+    """Subgraph (If/Loop/Scan body) specialisations built and body runs."""
+
+    subgraph_builds: int
+    subgraph_runs: int
 
 
 @dataclass(frozen=True)

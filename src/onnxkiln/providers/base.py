@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,9 +15,11 @@ from onnxkiln.dtypes import DataType
 
 __all__ = [
     "CaptureSupport",
+    "ControlFlowCounter",
     "KernelRegistry",
     "KernelSpec",
     "NodeInfo",
+    "Subgraph",
     "normalize_domain",
 ]
 
@@ -39,9 +41,31 @@ def normalize_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
+class Subgraph(Protocol):
+    """A compiled graph attribute: `run(inputs, captured) -> outputs`."""
+
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]: ...
+
+
+class ControlFlowCounter:
+    """Counts subgraph specialisations built and subgraph runs, for control_flow_stats()."""
+
+    def __init__(self) -> None:
+        self.builds = 0
+        self.runs = 0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     """What a kernel factory may read about its node, fixed at plan time.
+
+    Nodes with graph attributes (If, Loop, Scan...) get each one compiled in
+    `subgraphs[attr_name]`; the kernel is then called as `kernel(*inputs, *captured)`
+    where `captured` are the outer values the subgraphs read, and runs a body with
+    `subgraphs[name](body_inputs, captured)`.
 
     `attrs` holds every attribute the node sets, plus schema defaults for the rest.
     `const_inputs[i]` is input i's value when it is an initializer or Constant
@@ -61,6 +85,7 @@ class NodeInfo:
     output_dtypes: tuple[DataType | None, ...] = ()
     input_shapes: tuple[tuple[int | str | None, ...] | None, ...] = ()
     const_inputs: tuple[np.ndarray | None, ...] = ()
+    subgraphs: Mapping[str, Subgraph] = field(default_factory=dict)
 
     def describe(self) -> str:
         """`'name' domain::Op opset N`, for error messages."""

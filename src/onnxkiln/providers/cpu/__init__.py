@@ -5,6 +5,7 @@ from __future__ import annotations
 from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the kernels)
     activation,
     cast,
+    control,
     conv,
     index,
     linalg,

@@ -1,0 +1,28 @@
+"""Every ONNX backend node case passes, except those the manifest lists with a reason."""
+
+from __future__ import annotations
+
+import pytest
+from node_cases import MANIFEST, load_cases, load_manifest, run_case
+
+EXPECTED_FAILURES = load_manifest()
+NAMES = [c.name for c in load_cases()]
+
+
+def test_manifest_names_only_existing_cases():
+    unknown = sorted(set(EXPECTED_FAILURES) - set(NAMES))
+    assert not unknown, f"{MANIFEST.name} lists cases onnx does not generate: {unknown}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_node_case(name):
+    from node_cases import cases_by_name
+
+    reason = run_case(cases_by_name()[name])
+    if name in EXPECTED_FAILURES:
+        assert reason is not None, (
+            f"{name} now passes: remove it from {MANIFEST.name} "
+            f"(listed as: {EXPECTED_FAILURES[name]})"
+        )
+        pytest.xfail(EXPECTED_FAILURES[name])
+    assert reason is None, reason
