@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the kernels)
     activation,
+    attention,
     cast,
     control,
     conv,
+    image,
     index,
     linalg,
+    loss,
     math,
+    ml,
     norm,
     pool,
+    quant,
+    random,
     reduce,
+    rnn,
+    sequence,
+    signal,
+    sort,
     tensor,
+    text,
+    training,
 )
 from onnxkiln.providers.cpu.registry import REGISTRY
 

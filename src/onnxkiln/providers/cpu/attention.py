@@ -1,0 +1,3 @@
+"""CPU kernels: attention (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: image (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: loss (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: ml (being written)."""
+
+from __future__ import annotations

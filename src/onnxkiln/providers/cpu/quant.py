@@ -1,0 +1,3 @@
+"""CPU kernels: quant (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: random (being written)."""
+
+from __future__ import annotations

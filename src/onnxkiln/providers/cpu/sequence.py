@@ -1,0 +1,3 @@
+"""CPU kernels: sequence (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: sort (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CPU kernels: training (being written)."""
+
+from __future__ import annotations
