@@ -20,12 +20,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("-k", default="", help="substring filter on case names")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--write-manifest", action="store_true",
+                        help="rewrite the manifest: failing cases, keeping existing reasons")
     parser.add_argument("-v", action="store_true", help="print every failure message")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "conformance"))
-    from node_cases import case_op, load_cases, run_case
-
     import onnx
+    from node_cases import case_op, load_cases, run_case
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -44,7 +45,23 @@ def main() -> int:
             print(f"    {name}: {reason[:300]}")
     if args.write_docs:
         _write_docs(cases, results, onnx.__version__)
+    if args.write_manifest:
+        _write_manifest(failed)
     return 0
+
+
+def _write_manifest(failed: dict[str, str]) -> None:
+    from node_cases import MANIFEST, load_manifest
+
+    known = load_manifest()
+    header = [
+        "# ONNX backend node cases that do not pass on the CPU provider: exact names, one reason",
+        "# each. The test suite fails if a listed case starts passing (remove it then).",
+        "# Regenerate with scripts/conformance.py --write-manifest (existing reasons are kept).",
+    ]
+    lines = [f"{name} {known.get(name) or reason[:160]}" for name, reason in sorted(failed.items())]
+    MANIFEST.write_text("\n".join(header + lines) + "\n")
+    print(f"wrote {MANIFEST} ({len(lines)} entries)")
 
 
 def _write_docs(cases, results, version) -> None:
