@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxkiln demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts
 
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadfile tests
