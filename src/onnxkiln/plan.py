@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxkiln.dtypes import DataType
@@ -20,6 +18,7 @@ from onnxkiln.providers.base import (
     NodeInfo,
     normalize_domain,
 )
+from onnxkiln.schema import schema_defaults
 
 __all__ = ["Plan", "Step", "build_plan", "free_values"]
 
@@ -295,7 +294,7 @@ def _tensor_value(value: ir.Value, name: str) -> np.ndarray:
 
 
 def _attributes(node: ir.Node, domain: str, opset: int) -> dict[str, Any]:
-    attrs = dict(_schema_defaults(node.op_type, domain, opset))
+    attrs = dict(schema_defaults(node.op_type, domain, opset))
     for name, attr in node.attributes.items():
         attrs[name] = _attr_value(attr)
     return attrs
@@ -312,28 +311,6 @@ def _attr_value(attr: ir.Attr) -> Any:
     if t == ir.AttributeType.GRAPHS:
         return list(v)
     return v
-
-
-@functools.cache
-def _schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]:
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
-        return {}
-    out: dict[str, Any] = {}
-    for name, attr in schema.attributes.items():
-        default = attr.default_value
-        if default.type == onnx.AttributeProto.UNDEFINED:
-            continue
-        value = onnx.helper.get_attribute_value(default)
-        if isinstance(value, bytes):
-            value = value.decode()
-        elif isinstance(value, list) and value and isinstance(value[0], bytes):
-            value = [x.decode() for x in value]
-        elif isinstance(value, onnx.TensorProto):
-            value = onnx.numpy_helper.to_array(value)
-        out[name] = value
-    return out
 
 
 def _check_outputs_defined(graph, output_slots, steps, input_slots, constants) -> None:
