@@ -1,4 +1,4 @@
-"""CPU kernels: indexing (Slice, Gather*, Scatter*, Where, Trilu, CumSum, NonZero, Compress...)."""
+"""CPU kernels: indexing (Slice, Gather*, Scatter*, Where, Trilu, CumSum, CumProd, NonZero...)."""
 
 from __future__ import annotations
 
@@ -439,6 +439,34 @@ def cumsum(info: NodeInfo) -> Callable[..., np.ndarray]:
                           out=out[(*lead, slice(1, None))])  # fmt: skip
         else:
             out = np.cumsum(src, axis=a, dtype=work)
+        if reverse:
+            out = np.flip(out, a)
+        return out if work == x.dtype else out.astype(x.dtype)
+
+    return run
+
+
+@kernel("CumProd", since=26, factory=True)
+def cumprod(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Running product along `axis`; exclusive and reverse variants; half types in float32."""
+    exclusive = info.attrs.get("exclusive") or 0
+    reverse = info.attrs.get("reverse") or 0
+    c = const_input(info, 1)
+    fixed = None if c is None else _scalar_int(c, "CumProd", "axis")
+
+    def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
+        a = norm_axis(fixed if fixed is not None else _scalar_int(axis, "CumProd", "axis"),
+                      x.ndim, "CumProd")  # fmt: skip
+        work = np.dtype(np.float32) if x.dtype in _HALF else x.dtype
+        src = np.flip(x, a) if reverse else x
+        if exclusive:
+            out = np.ones(x.shape, work)
+            lead = (slice(None),) * a
+            if x.shape[a] > 1:
+                np.cumprod(src[(*lead, slice(0, -1))], axis=a, dtype=work,
+                           out=out[(*lead, slice(1, None))])  # fmt: skip
+        else:
+            out = np.cumprod(src, axis=a, dtype=work)
         if reverse:
             out = np.flip(out, a)
         return out if work == x.dtype else out.astype(x.dtype)
