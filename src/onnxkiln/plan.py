@@ -248,6 +248,7 @@ def _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs) -
         input_shapes=tuple(_shape(v) for v in node.inputs),
         const_inputs=tuple(None if s is None else constants.get(s) for s in in_slots),
         subgraphs=subgraphs,
+        node=node,
     )
 
 

@@ -86,6 +86,7 @@ class NodeInfo:
     input_shapes: tuple[tuple[int | str | None, ...] | None, ...] = ()
     const_inputs: tuple[np.ndarray | None, ...] = ()
     subgraphs: Mapping[str, Subgraph] = field(default_factory=dict)
+    node: Any = None  # the onnx_ir.Node, for ops that read their surroundings (Gradient)
 
     def describe(self) -> str:
         """`'name' domain::Op opset N`, for error messages."""
