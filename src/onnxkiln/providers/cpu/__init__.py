@@ -14,6 +14,8 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     loss,
     math,
     ml,
+    ml_linear,
+    ml_tree,
     norm,
     pool,
     quant,
