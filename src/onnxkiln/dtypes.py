@@ -50,6 +50,8 @@ class DataType(enum.IntEnum):
     FLOAT8E8M0 = 24
     UINT2 = 25
     INT2 = 26
+    FLOAT6E2M3 = 27
+    FLOAT6E3M2 = 28
 
     @property
     def numpy(self) -> np.dtype:
@@ -87,6 +89,8 @@ _NUMPY: dict[DataType, np.dtype] = {
     DataType.FLOAT8E8M0: np.dtype(ml_dtypes.float8_e8m0fnu),
     DataType.UINT2: np.dtype(ml_dtypes.uint2),
     DataType.INT2: np.dtype(ml_dtypes.int2),
+    DataType.FLOAT6E2M3: np.dtype(ml_dtypes.float6_e2m3fn),
+    DataType.FLOAT6E3M2: np.dtype(ml_dtypes.float6_e3m2fn),
 }
 _FROM_NUMPY: dict[np.dtype, DataType] = {v: k for k, v in _NUMPY.items()}
 _FROM_NUMPY[np.dtype("U")] = DataType.STRING

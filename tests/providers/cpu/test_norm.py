@@ -390,11 +390,3 @@ def test_dropout_ratio_and_training_mode_inputs(ratio, training):
     y, mask = assert_matches_ort(model, feeds)
     np.testing.assert_array_equal(y, feeds["x"])
     assert mask.all()
-
-
-def test_dropout_training_is_refused_clearly():
-    run = build("Dropout", 13, {"seed": None}, n_inputs=3, n_outputs=2)
-    with pytest.raises(NotImplementedError, match="training mode is not supported"):
-        run(rand((2, 2)), np.array(0.5, np.float32), np.array(True))
-    with pytest.raises(NotImplementedError, match=r"ratio=0\.5"):
-        run(rand((2, 2)), None, np.array(True))

@@ -465,17 +465,50 @@ def lrn(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
     return run
 
 
+def _dropout_train(x: np.ndarray, ratio: float, state, mask_dtype, want_mask: bool) -> tuple:
+    """Training dropout: keep where u >= ratio (u ~ U[0, 1) from `state`), scale by 1/(1-ratio).
+
+    The mask is drawn as `state.random_sample(x.shape) >= ratio`, the stream and comparison
+    of onnx's reference, so a seeded node reproduces onnx's expected outputs.
+    """
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"Dropout: ratio must be in [0, 1], got {ratio}")
+    keep = state.random_sample(x.shape) >= ratio
+    cdt = _compute_dtype(x.dtype)
+    xc = x if x.dtype == cdt else x.astype(cdt)
+    y = np.zeros(x.shape, cdt)
+    if ratio < 1.0:
+        np.multiply(xc, cdt.type(1) / (cdt.type(1) - cdt.type(ratio)), out=y, where=keep)
+    y = y if y.dtype == x.dtype else y.astype(x.dtype)
+    return (y, keep.astype(mask_dtype, copy=False) if want_mask else None)
+
+
 def _dropout_outputs(info: NodeInfo, x: np.ndarray, mask_dtype) -> tuple:
     mask = np.ones(x.shape, mask_dtype) if _wants(info, 1) else None
     return (x, mask)
 
 
-@kernel("Dropout", since=1, until=11, factory=True, multi_output=True, view=True)
-def dropout_legacy(info: NodeInfo) -> Callable[[np.ndarray], tuple]:
-    """Identity (inference; the input is returned as is), mask all ones (bool from opset 10).
+def _dropout_state(info: NodeInfo):
+    from onnxkiln.providers.cpu.random import seeded_state
 
-    Deviation from spec: opsets 1-6 with is_test=0 would train; we always run inference.
-    """
+    return seeded_state(info.attrs.get("seed"))
+
+
+@kernel("Dropout", since=1, until=6, factory=True, multi_output=True, view=True)
+def dropout_v1(info: NodeInfo) -> Callable[[np.ndarray], tuple]:
+    """is_test != 0: identity (the input itself), mask of ones (type T). is_test == 0 (the
+    schema default) trains: random dropout scaled by 1/(1-ratio), mask of 0/1 in type T."""
+    ratio = float(info.attrs["ratio"])
+    if not info.attrs.get("is_test"):
+        state = _dropout_state(info)
+        return lambda x: _dropout_train(x, ratio, state, x.dtype, _wants(info, 1))
+    return lambda x: _dropout_outputs(info, x, x.dtype)
+
+
+@kernel("Dropout", since=7, until=11, factory=True, multi_output=True, view=True)
+def dropout_legacy(info: NodeInfo) -> Callable[[np.ndarray], tuple]:
+    """Identity (these opsets have no training switch; the input is returned as is), mask
+    all ones (type T in opsets 7-9, bool from 10)."""
     mask_dtype = np.bool_ if info.opset >= 10 else None
 
     def run(x: np.ndarray) -> tuple:
@@ -486,18 +519,16 @@ def dropout_legacy(info: NodeInfo) -> Callable[[np.ndarray], tuple]:
 
 @kernel("Dropout", since=12, factory=True, multi_output=True, view=True)
 def dropout(info: NodeInfo) -> Callable[..., tuple]:
-    """Identity with an all-True mask unless training_mode is true with a non-zero ratio,
-    which is refused (onnxkiln runs inference only)."""
+    """Identity with an all-True mask unless training_mode is true with a non-zero ratio
+    (default 0.5): then random dropout, mask from a stream seeded by the `seed` attribute."""
+    state = _dropout_state(info)
+    want_mask = _wants(info, 1)
 
     def run(x: np.ndarray, ratio=None, training_mode=None) -> tuple:
         if training_mode is not None and bool(np.asarray(training_mode)):
-            r = 0.5 if ratio is None else float(np.asarray(ratio))
+            r = 0.5 if ratio is None else float(np.asarray(ratio, dtype=_F64))
             if r != 0.0:
-                raise NotImplementedError(
-                    f"Dropout: training mode is not supported (training_mode=True with "
-                    f"ratio={r}); onnxkiln runs inference only. Feed training_mode=False "
-                    f"or ratio=0 to use the node as an identity."
-                )
+                return _dropout_train(x, r, state, np.bool_, want_mask)
         return _dropout_outputs(info, x, np.bool_)
 
     return run
