@@ -20,7 +20,9 @@ from onnx_ir.passes.common import InlinePass
 
 from onnxkiln.errors import ModelLoadError
 
-__all__ = ["from_graph", "load_bytes", "load_path"]
+__all__ = ["MAP_TYPES", "from_graph", "load_bytes", "load_path", "map_io_kind"]
+
+MAP_TYPES = "onnxkiln.map_types"  # model.meta key: value name -> TypeProto holding a map
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +87,12 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Mo
     _sort_graph(proto.graph, set(), source)
     for func in proto.functions:
         _check_function_defined(func, source)
+    map_types = _strip_map_types(proto.graph)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:
         raise ModelLoadError(f"{source}: cannot read the model: {e}") from e
+    model.meta[MAP_TYPES] = map_types
     if base is not None:
         ir.external_data.set_base_dir(model.graph, base)
     if model.functions:
@@ -268,3 +272,41 @@ def _check_opsets(model: ir.Model, source: str) -> None:
 
 def _node_label(node: onnx.NodeProto) -> str:
     return f"'{node.name or '<unnamed>'}' ({node.domain or 'ai.onnx'}::{node.op_type})"
+
+
+def _has_map(t: onnx.TypeProto) -> bool:
+    kind = t.WhichOneof("value")
+    if kind == "map_type":
+        return True
+    if kind == "sequence_type":
+        return _has_map(t.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _has_map(t.optional_type.elem_type)
+    return False
+
+
+def _strip_map_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    """onnx_ir cannot hold map types: blank them and keep them in a side table by name."""
+    table: dict[str, onnx.TypeProto] = {}
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.HasField("type") and _has_map(vi.type):
+            kept = onnx.TypeProto()
+            kept.CopyFrom(vi.type)
+            table[vi.name] = kept
+            vi.ClearField("type")
+    return table
+
+
+def map_io_kind(model: ir.Model, name: str) -> tuple[str, int] | None:
+    """("map" | "sequence" | "optional", element type) for a map-typed graph input or output."""
+    t = model.meta.get(MAP_TYPES, {}).get(name)
+    if t is None:
+        return None
+    kind = {"map_type": "map", "sequence_type": "sequence", "optional_type": "optional"}
+    outer = kind[t.WhichOneof("value")]
+    inner = t
+    while inner.WhichOneof("value") != "map_type":
+        inner = getattr(inner, inner.WhichOneof("value")).elem_type
+    value = inner.map_type.value_type
+    elem = value.tensor_type.elem_type if value.HasField("tensor_type") else 0
+    return outer, elem
