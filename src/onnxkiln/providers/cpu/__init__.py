@@ -28,6 +28,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     tensor,
     text,
     training,
+    transformer,
 )
 from onnxkiln.providers.cpu.registry import REGISTRY
 

@@ -549,6 +549,3 @@ def linear_attention(info: NodeInfo) -> Callable[..., tuple]:
         return y, state.astype(sdt, copy=False)
 
     return run
-
-
-from onnxkiln.providers.cpu import transformer  # noqa: E402, F401  (registers its kernels)

@@ -82,6 +82,15 @@ def _softmax_axis(x: np.ndarray, owned: bool, axis: int, log: bool) -> np.ndarra
     return y
 
 
+def _softmax_in_type(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
+    """Softmax-13's function body evaluated in float16: every step rounds to the type."""
+    y = x - np.max(x, axis=axis, keepdims=True)
+    if log:
+        return y - np.log(np.sum(np.exp(y), axis=axis, keepdims=True))
+    e = np.exp(y)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
 def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.ndarray]:
     axis = int(info.attrs["axis"])
     coerce_2d = info.opset < 13
@@ -91,6 +100,8 @@ def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.nda
         if x.size == 0:
             return np.empty(x.shape, x.dtype)
         ax = _axis(axis, x.ndim, op)
+        if x.dtype == np.float16 and not coerce_2d:
+            return _softmax_in_type(x, ax, log)
         xc, owned = _work(x)
         if coerce_2d or ax == x.ndim - 1:
             y = _softmax_rows(xc.reshape(math.prod(x.shape[:ax]), -1), owned, log)
