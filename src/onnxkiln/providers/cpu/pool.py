@@ -391,30 +391,64 @@ def max_roi_pool(x: np.ndarray, rois: np.ndarray, *, pooled_shape, spatial_scale
     return out.astype(x.dtype, copy=False)
 
 
+def _in_own_window(flat: np.ndarray, shape: tuple, k, s, pads_begin) -> bool:
+    """Whether every index, read as a flat position in `shape`, lies in its pooling window."""
+    coords = np.unravel_index(flat, shape)
+    lead = np.indices(flat.shape, sparse=True)
+    if not all((coords[i] == lead[i]).all() for i in range(2)):
+        return False
+    for i in range(len(k)):
+        start = lead[2 + i] * s[i] - pads_begin[i]
+        off = coords[2 + i] - start
+        if ((off < 0) | (off >= k[i])).any():
+            return False
+    return True
+
+
 @kernel("MaxUnpool", since=9, factory=True, variant="maxunpool.scatter")
 def max_unpool(info: NodeInfo):
-    """MaxUnpool: scatter X into zeros at the flat positions I (MaxPool's Indices output)."""
+    """MaxUnpool: scatter X into zeros at the flat positions I (MaxPool's Indices output).
+
+    With an output_shape larger than the shape kernel_shape/strides/pads give, I is read as
+    flat positions in output_shape (MaxPool's input; onnxruntime, PyTorch) unless that puts
+    some value outside its pooling window while reading I in the attribute-given shape does
+    not: then that tensor is zero-padded at the end of each axis, as the ONNX backend test
+    test_maxunpool_export_with_output_shape expects.
+    """
     attrs = dict(info.attrs)
 
     def run(x: np.ndarray, indices: np.ndarray, output_shape: np.ndarray | None = None):
         if indices.shape != x.shape:
             raise ValueError(f"MaxUnpool: I shape {indices.shape} must equal X shape {x.shape}")
+        nsp = x.ndim - 2
+        k = int_tuple(attrs.get("kernel_shape"), nsp, 1, "kernel_shape")
+        s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
+        pads = int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads")
+        inferred = (*x.shape[:2], *((x.shape[2 + i] - 1) * s[i] + k[i] - pads[i] - pads[nsp + i]
+                                    for i in range(nsp)))
+        shape = inferred
         if output_shape is not None:
             shape = tuple(int(v) for v in np.asarray(output_shape).ravel())
-        else:
-            nsp = x.ndim - 2
-            k = int_tuple(attrs.get("kernel_shape"), nsp, 1, "kernel_shape")
-            s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
-            pads = int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads")
-            shape = (*x.shape[:2], *((x.shape[2 + i] - 1) * s[i] + k[i] - pads[i] - pads[nsp + i]
-                                     for i in range(nsp)))
+            if len(shape) != x.ndim or shape[:2] != x.shape[:2]:
+                raise ValueError(f"MaxUnpool: output_shape {list(shape)} must have rank {x.ndim} "
+                                 f"and start with X's (N, C) {x.shape[:2]}")
         total = math.prod(shape)
         flat = indices.reshape(-1)
         if flat.size and (flat.min() < 0 or flat.max() >= total):
             raise IndexError(f"MaxUnpool: indices must lie in [0, {total}) for output shape "
                              f"{shape}; got range [{flat.min()}, {flat.max()}]")
-        y = np.zeros(total, dtype=x.dtype)
+        grow = (shape != inferred and all(a >= b for a, b in zip(shape, inferred))
+                and flat.size and flat.max() < math.prod(inferred)
+                and not _in_own_window(indices, shape, k, s, pads[:nsp])
+                and _in_own_window(indices, inferred, k, s, pads[:nsp]))
+        scatter_shape = inferred if grow else shape
+        y = np.zeros(math.prod(scatter_shape), dtype=x.dtype)
         y[flat] = x.reshape(-1)
-        return y.reshape(shape)
+        y = y.reshape(scatter_shape)
+        if grow:
+            out = np.zeros(shape, dtype=x.dtype)
+            out[tuple(slice(0, n) for n in inferred)] = y
+            y = out
+        return y
 
     return run
