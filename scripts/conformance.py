@@ -88,7 +88,8 @@ def _write_docs(cases, results, version) -> None:
         "| opset | passed | total |",
         "|---:|---:|---:|",
     ]
-    lines += [f"| {k} | {v[0]} | {v[1]} |" for k, v in sorted(per_opset.items())]
+    lines += [f"| {k or 'none (other domains only)'} | {v[0]} | {v[1]} |"
+              for k, v in sorted(per_opset.items())]
     lines += ["", "## Per op", "", "| op | passed | total |", "|---|---:|---:|"]
     lines += [f"| {k} | {v[0]} | {v[1]} |" for k, v in sorted(per_op.items())]
     out = ROOT / "docs" / "conformance.md"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
-from node_cases import MANIFEST, load_cases, load_manifest, run_case
+from node_cases import MANIFEST, case_op, load_cases, load_manifest, run_case
 
 EXPECTED_FAILURES = load_manifest()
 NAMES = [c.name for c in load_cases()]
@@ -18,6 +20,8 @@ def test_manifest_names_only_existing_cases():
 def test_node_case(name):
     from node_cases import cases_by_name
 
+    if case_op(name) == "ImageDecoder" and importlib.util.find_spec("PIL") is None:
+        pytest.skip("ImageDecoder needs Pillow (optional): pip install onnxkiln[image]")
     reason = run_case(cases_by_name()[name])
     if name in EXPECTED_FAILURES:
         assert reason is not None, (
