@@ -1,7 +1,8 @@
-"""The `onnxkiln` command: run, info, demo."""
+"""The `onnxkiln` command: run, info, bench, profile, demo."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -69,3 +70,51 @@ def test_demo_runs_and_compares_with_onnxruntime():
     assert "onnxkiln: 2 runs" in proc.stdout and "onnxruntime: 2 runs" in proc.stdout
     diff = float(proc.stdout.split("max |onnxkiln - onnxruntime| = ")[1].split(";")[0])
     assert diff < 1e-3
+
+
+def test_profile_prints_op_and_node_tables_and_writes_a_chrome_trace(model_path, tmp_path,
+                                                                     capsys):
+    trace = tmp_path / "profile.json"
+    code = main(["profile", str(model_path), "--runs", "3", "--dim", "batch=4", "--top", "1",
+                 "--trace", str(trace)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tiny.onnx: 3 traced runs" in out and "time per op type" in out
+    assert "top 1 nodes" in out and f"Chrome trace: {trace} (9 events)" in out
+    for header in ("count", "total ms", "% of run", "mean µs"):
+        assert header in out
+    assert "MatMul" in out and "Relu" in out
+    events = json.loads(trace.read_text())
+    assert [e["name"] for e in events].count("model_run") == 3
+    nodes = [e for e in events if e["cat"] == "Node"]
+    assert len(nodes) == 6 and all(e["name"].endswith("_kernel_time") for e in nodes)
+    assert nodes[0]["args"]["input_type_shape"][0] == {"float": [4, 3]}
+
+
+def test_profile_default_trace_path_is_beside_the_working_folder(model_path, tmp_path,
+                                                                  monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["profile", str(model_path), "--runs", "1"]) == 0
+    assert (tmp_path / "tiny_profile.json").exists()
+
+
+def test_bench_prints_percentiles_throughput_and_the_onnxruntime_ratio(model_path, capsys):
+    pytest.importorskip("onnxruntime")
+    assert main(["bench", str(model_path), "--runs", "5", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    for text in ("p50 ms", "p90 ms", "p99 ms", "runs/s", "onnxkiln", "onnxruntime",
+                 "onnxkiln / onnxruntime: p50 "):
+        assert text in out
+
+
+def test_bench_without_onnxruntime(model_path, capsys):
+    assert main(["bench", str(model_path), "--runs", "3", "--no-ort", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxkiln" in out and "onnxruntime" not in out
+
+
+def test_bad_command_line_values_exit_with_code_2(model_path, capsys):
+    assert main(["bench", str(model_path), "--dim", "batch"]) == 2
+    assert "error: --dim takes NAME=VALUE, got 'batch'" in capsys.readouterr().out
+    assert main(["profile", str(model_path), "--runs", "0"]) == 2
+    assert "error: --runs must be >= 1" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from onnxkiln.errors import (
     UnsupportedOpError,
 )
 from onnxkiln.session import InferenceSession, SessionBuilder
+from onnxkiln.trace import Span, TraceContext
 from onnxkiln.types import (
     CacheStats,
     ControlFlowStats,
@@ -58,6 +59,8 @@ __all__ = [
     "SessionError",
     "SessionOutput",
     "ShapeError",
+    "Span",
+    "TraceContext",
     "UnknownOptionError",
     "UnsupportedOpError",
     "WarmupShape",

@@ -1,4 +1,4 @@
-"""`onnxkiln run | info | demo`: the command line."""
+"""`onnxkiln run | info | bench | profile | demo`: the command line."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.progress import Progress
+from rich.table import Column, Table
 
 from onnxkiln import loader
 from onnxkiln.dtypes import DataType, to_numpy
 from onnxkiln.errors import SessionError
 from onnxkiln.session import InferenceSession
+from onnxkiln.trace import OpTime, TraceContext, summarize
 from onnxkiln.types import IoMeta
 
 __all__ = ["main"]
@@ -34,20 +36,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SessionError as e:
         console.print(f"[bold red]error:[/] {type(e).__name__}: {e}", markup=True)
         return 2
+    except _UsageError as e:
+        console.print(f"error: {e}")
+        return 2
+
+
+class _UsageError(Exception):
+    """A bad command-line value; printed as `error: ...` with exit code 2."""
+
+
+def _feed_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|random")
+    p.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                   help="size for a symbolic dim of random inputs (default 1)")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnxkiln", description="ONNX inference runtime.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a model on given or random inputs")
-    run.add_argument("model")
-    run.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|random")
-    run.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
-                     help="size for a symbolic dim of random inputs (default 1)")
+    _feed_args(run)
     run.add_argument("--repeat", type=int, default=1)
-    run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output to DIR/<name>.npy")
     run.set_defaults(func=_cmd_run)
+    bench = sub.add_parser("bench", help="latency percentiles and throughput, vs onnxruntime")
+    _feed_args(bench)
+    bench.add_argument("--runs", type=int, default=100)
+    bench.add_argument("--warmup", type=int, default=5, help="untimed runs first")
+    bench.add_argument("--threads", type=int, help="intra-op threads (both runtimes)")
+    bench.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
+    bench.set_defaults(func=_cmd_bench)
+    profile = sub.add_parser("profile", help="time per op type and node, and a Chrome trace")
+    _feed_args(profile)
+    profile.add_argument("--runs", type=int, default=10)
+    profile.add_argument("--top", type=int, default=10, help="how many nodes to list")
+    profile.add_argument("--trace", metavar="FILE.json",
+                         help="Chrome trace path (default <model name>_profile.json)")
+    profile.set_defaults(func=_cmd_profile)
     info = sub.add_parser("info", help="inputs, outputs, opsets, op histogram and size")
     info.add_argument("model")
     info.set_defaults(func=_cmd_info)
@@ -62,6 +89,21 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print("error: --repeat must be >= 1")
         return 2
     session = InferenceSession.load(args.model)
+    feeds = _feeds(session, args)
+    outputs, times = _timed(session.run, feeds, args.repeat)
+    _print_outputs(console, [m.name for m in session.outputs()], outputs)
+    _print_times(console, "onnxkiln", times)
+    if args.save:
+        folder = Path(args.save)
+        folder.mkdir(parents=True, exist_ok=True)
+        for meta, value in zip(session.outputs(), outputs):
+            np.save(folder / f"{_safe_name(meta.name)}.npy", value)
+        console.print(f"outputs saved in {folder}")
+    return 0
+
+
+def _feeds(session: InferenceSession, args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """Inputs from --input files, random for the rest (--dim sizes symbolic dims)."""
     dims = _parse_pairs(args.dim, "--dim")
     sources = _parse_pairs(args.input, "--input")
     rng = np.random.default_rng(args.seed)
@@ -76,18 +118,121 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             feeds[meta.name] = np.load(source, allow_pickle=False)
     if sources:
         names = [m.name for m in session.inputs()]
-        console.print(f"error: unknown input(s) {sorted(sources)}; the model's inputs are {names}")
-        return 2
-    outputs, times = _timed(session.run, feeds, args.repeat)
-    _print_outputs(console, [m.name for m in session.outputs()], outputs)
-    _print_times(console, "onnxkiln", times)
-    if args.save:
-        folder = Path(args.save)
-        folder.mkdir(parents=True, exist_ok=True)
-        for meta, value in zip(session.outputs(), outputs):
-            np.save(folder / f"{_safe_name(meta.name)}.npy", value)
-        console.print(f"outputs saved in {folder}")
+        raise _UsageError(f"unknown input(s) {sorted(sources)}; the model's inputs are {names}")
+    return feeds
+
+
+def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.runs < 1 or args.warmup < 0:
+        raise _UsageError("--runs must be >= 1 and --warmup >= 0")
+    builder = InferenceSession.builder()
+    if args.threads:
+        builder.intra_op_threads(args.threads)
+    session = builder.load(args.model)
+    feeds = _feeds(session, args)
+    runners = {"onnxkiln": session.run}
+    ort = None if args.no_ort else _ort_runner(args, console)
+    if ort is not None:
+        runners["onnxruntime"] = ort
+    for fn in runners.values():
+        for _ in range(args.warmup):
+            fn(feeds)
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=args.runs)
+        for _ in range(args.runs):  # interleaved, so drift hits both alike
+            for name, fn in runners.items():
+                start = time.perf_counter()
+                fn(feeds)
+                times[name].append(time.perf_counter() - start)
+            progress.advance(task)
+    table = Table("runtime", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "runs/s",
+                  title=f"{Path(args.model).name}: latency")
+    stats = {name: _latency(t) for name, t in times.items()}
+    for name, st in stats.items():
+        cells = [f"{st[k]:.3f}" for k in ("p50", "p90", "p99", "mean")]
+        table.add_row(name, str(args.runs), *cells, f"{st['rate']:.1f}")
+    console.print(table)
+    if "onnxruntime" in stats:
+        ours, theirs = stats["onnxkiln"], stats["onnxruntime"]
+        console.print(f"onnxkiln / onnxruntime: p50 {ours['p50'] / theirs['p50']:.2f}x, "
+                      f"p99 {ours['p99'] / theirs['p99']:.2f}x, throughput "
+                      f"{ours['rate'] / theirs['rate']:.2f}x")
     return 0
+
+
+def _ort_runner(args: argparse.Namespace, console: Console):
+    if importlib.util.find_spec("onnxruntime") is None:
+        console.print("onnxruntime is not installed; skipping the comparison")
+        return None
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if args.threads:
+        options.intra_op_num_threads = args.threads
+    try:
+        ort = onnxruntime.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types
+        console.print(f"onnxruntime cannot load the model ({type(e).__name__}: {e}); skipping it")
+        return None
+    return lambda feeds: ort.run(None, feeds)
+
+
+def _latency(times: list[float]) -> dict[str, float]:
+    ms = np.array(times) * 1e3
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
+            "rate": len(ms) / float(np.sum(ms) / 1e3)}
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    if args.runs < 1 or args.top < 0:
+        raise _UsageError("--runs must be >= 1 and --top >= 0")
+    session = InferenceSession.load(args.model)
+    feeds = _feeds(session, args)
+    session.run(feeds)  # first-run costs are not the profile
+    path = Path(args.trace or f"{_safe_name(Path(args.model).stem)}_profile.json")
+    ctx = TraceContext.chrome(path)
+    session.set_trace_context(ctx)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("profiling", total=args.runs)
+            for _ in range(args.runs):
+                session.run(feeds)
+                progress.advance(task)
+    finally:
+        session.set_trace_context(TraceContext.disabled())
+        ctx.close()
+    profile = summarize(ctx.spans)
+    run_ms = profile.run_ns / profile.runs / 1e6
+    console.print(f"[bold]{Path(args.model).name}[/]: {profile.runs} traced runs, mean "
+                  f"{run_ms:.3f} ms per run; times are per run, self time (an If/Loop/Scan "
+                  "node's own time excludes its body's ops)")
+    width = None if console.is_terminal else max(console.width, 120)  # files: no folding
+    console.print(_op_table("op type", profile.by_op, profile, None), width=width)
+    console.print(_op_table("node", profile.by_node, profile, args.top), width=width)
+    covered = sum(t.self_ns for t in profile.by_op.values()) / max(profile.run_ns, 1)
+    console.print(f"ops cover {covered:.1%} of traced run time (the rest: tracing, dispatch, "
+                  "input validation)")
+    console.print(f"Chrome trace: {path} ({len(ctx.spans)} events); open it in "
+                  "https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def _op_table(what: str, rows: dict[str, OpTime], profile, top: int | None) -> Table:
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1].self_ns)
+    title = f"time per {what}" if top is None else f"top {min(top, len(ranked))} nodes"
+    columns = [Column(what, overflow="fold")]
+    if top is not None:
+        columns.append(Column("op type", overflow="fold"))
+    table = Table(*columns, "count", "total ms", "% of run", "mean µs", title=title)
+    for key, t in ranked[:top]:
+        cells = [key] if top is None else [key, t.op_type]
+        table.add_row(*cells, f"{t.count / profile.runs:g}",
+                      f"{t.self_ns / profile.runs / 1e6:.3f}",
+                      f"{t.self_ns / max(profile.run_ns, 1):.1%}",
+                      f"{t.self_ns / t.count / 1e3:.1f}")
+    return table
 
 
 def _cmd_info(args: argparse.Namespace, console: Console) -> int:
@@ -196,7 +341,7 @@ def _parse_pairs(items: list[str], flag: str) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise SystemExit(f"onnxkiln: {flag} takes NAME=VALUE, got {item!r}")
+            raise _UsageError(f"{flag} takes NAME=VALUE, got {item!r}")
         out[name] = value
     return out
 

@@ -1,6 +1,8 @@
 """Runs a Plan. The plan is compiled to straight-line Python: one local per value,
 kernels and constants bound as globals, a `del` after each value's last use. The
 hot path therefore does no dict lookups by name, no loop and no slot indexing.
+A second generated function wraps each step in hook calls (tracing, memory limits);
+subgraph bodies take the traced one when the run in progress on their thread is traced.
 """
 
 from __future__ import annotations
@@ -10,16 +12,24 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from onnxkiln.dtypes import DataType
 from onnxkiln.errors import KernelError, SessionError
 from onnxkiln.plan import Plan, Step
+from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
 
-__all__ = ["CompiledPlan", "SubgraphRunner"]
+__all__ = ["CompiledPlan", "HookPair", "SubgraphRunner"]
 
 _counter = itertools.count()
 
 
 class CompiledPlan:
-    """A plan turned into one generated Python function `run(inputs) -> outputs`."""
+    """A plan turned into two generated Python functions over the same steps.
+
+    `run(inputs)` is the hot path: straight-line kernel calls, nothing else.
+    `run_hooked(inputs, h)` calls `h.start(i)` before step i and `h.finish(token, ins,
+    outs)` after it (tracing, memory accounting); a run picks one of the two, so the
+    untraced path carries no per-op check at all.
+    """
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -32,7 +42,9 @@ class CompiledPlan:
             namespace[f"c{s}"] = value
         exec(compile(source, self.filename, "exec"), namespace)
         self._fn: Callable[[Sequence[Any]], list[Any]] = namespace["run"]
+        self._hooked: Callable[[Sequence[Any], Any], list[Any]] = namespace["run_hooked"]
         self.source = source
+        self._trace_meta: dict[str, list] = {}
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         """Run the plan on values given in `plan.input_slots` order."""
@@ -41,15 +53,44 @@ class CompiledPlan:
         except SessionError:
             raise
         except Exception as e:
-            step = self._failed_step(e)
-            if step is None:
+            error = self._kernel_error(e)
+            if error is e:
                 raise
-            raise KernelError(
-                f"node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type} opset "
-                f"{step.opset}, node id {step.node_id}) failed: {type(e).__name__}: {e}",
-                node_name=step.name,
-                op_type=step.op_type,
-            ) from e
+            raise error from e
+
+    def hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
+        """Run with `hooks.start`/`hooks.finish` around every step."""
+        try:
+            return self._hooked(inputs, hooks)
+        except SessionError:
+            raise
+        except Exception as e:
+            error = self._kernel_error(e)
+            if error is e:
+                raise
+            raise error from e
+
+    def traced(self, inputs: Sequence[Any], ctx: TraceContext, graph: str = "main") -> list[Any]:
+        """Run with one span per step into `ctx` (call inside `ctx.run_span()`)."""
+        return self.hooked(inputs, self.tracer(ctx, graph))
+
+    def tracer(self, ctx: TraceContext, graph: str = "main") -> StepTracer:
+        """Hooks that record one span per step of this plan into `ctx`."""
+        meta = self._trace_meta.get(graph)
+        if meta is None:
+            meta = self._trace_meta[graph] = step_meta(self.plan.steps, graph)
+        return StepTracer(ctx, meta)
+
+    def _kernel_error(self, e: Exception) -> Exception:
+        step = self._failed_step(e)
+        if step is None:
+            return e
+        return KernelError(
+            f"node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type} opset "
+            f"{step.opset}, node id {step.node_id}) failed: {type(e).__name__}: {e}",
+            node_name=step.name,
+            op_type=step.op_type,
+        )
 
     def _failed_step(self, error: BaseException) -> Step | None:
         for frame, lineno in traceback.walk_tb(error.__traceback__):
@@ -60,42 +101,71 @@ class CompiledPlan:
 
 
 def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
-    """Python source of the run function and a map from line number to step index."""
+    """Source of `run` and `run_hooked`, and a map from kernel-call line to step index."""
 
     def ref(slot: int | None) -> str:
         if slot is None:
             return "None"
         return f"c{slot}" if slot in plan.constants else f"v{slot}"
 
-    lines = ["def run(inputs):"]
-    line_steps: dict[int, int] = {}
-    if plan.input_slots:
-        lines.append(f"    {', '.join(f'v{s}' for s in plan.input_slots)}, = inputs")
     dead_at: dict[int, list[int]] = {}
     for s, last in plan.last_use.items():
         if s not in plan.constants:
             dead_at.setdefault(last, []).append(s)
-    if dead_at.get(-1):
-        lines.append(f"    del {', '.join(f'v{s}' for s in sorted(dead_at[-1]))}")
-    for i, step in enumerate(plan.steps):
-        args = ", ".join(ref(s) for s in step.inputs)
-        line_steps[len(lines) + 1] = i
-        if step.spec.multi_output:
-            lines.append(f"    _t = k{i}({args})")
-            for j, s in enumerate(step.outputs):
-                if s is not None:
-                    line_steps[len(lines) + 1] = i
-                    lines.append(f"    v{s} = _t[{j}]")
-        elif step.outputs and step.outputs[0] is not None:
-            lines.append(f"    v{step.outputs[0]} = k{i}({args})")
-        else:
-            lines.append(f"    k{i}({args})")
-        dead = dead_at.get(i)
-        if dead:
-            lines.append(f"    del {', '.join(f'v{s}' for s in sorted(dead))}")
-    lines.append(f"    return [{', '.join(ref(s) for s in plan.output_slots)}]")
+    lines: list[str] = []
+    line_steps: dict[int, int] = {}
+
+    def emit(text: str, step: int | None = None) -> None:
+        if step is not None:
+            line_steps[len(lines) + 1] = step
+        lines.append("    " + text)
+
+    def dels(i: int) -> None:
+        if dead_at.get(i):
+            emit(f"del {', '.join(f'v{s}' for s in sorted(dead_at[i]))}")
+
+    for hooked in (False, True):
+        lines.append("def run_hooked(inputs, h):" if hooked else "def run(inputs):")
+        if plan.input_slots:
+            emit(f"{', '.join(f'v{s}' for s in plan.input_slots)}, = inputs")
+        dels(-1)
+        for i, step in enumerate(plan.steps):
+            args = ", ".join(ref(s) for s in step.inputs)
+            outs = [s for s in step.outputs if s is not None]
+            if hooked:
+                emit(f"_h = h.start({i})")
+            if step.spec.multi_output:
+                emit(f"_t = k{i}({args})", i)
+                for j, s in enumerate(step.outputs):
+                    if s is not None:
+                        emit(f"v{s} = _t[{j}]", i)
+            elif step.outputs and step.outputs[0] is not None:
+                emit(f"v{step.outputs[0]} = k{i}({args})", i)
+            else:
+                emit(f"k{i}({args})", i)
+            if hooked:
+                emit(f"h.finish(_h, ({args}{',' if step.inputs else ''}), "
+                     f"({''.join(f'v{s}, ' for s in outs)}))")
+            dels(i)
+        emit(f"return [{', '.join(ref(s) for s in plan.output_slots)}]")
     return "\n".join(lines) + "\n", line_steps
 
+
+class HookPair:
+    """Two sets of step hooks run as one (tracing and memory accounting)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first = first
+        self.second = second
+
+    def start(self, index: int) -> tuple[Any, Any]:
+        return self.first.start(index), self.second.start(index)
+
+    def finish(self, tokens: tuple[Any, Any], ins: tuple, outs: tuple) -> None:
+        self.first.finish(tokens[0], ins, outs)
+        self.second.finish(tokens[1], ins, outs)
 
 
 class SubgraphRunner:
@@ -110,6 +180,9 @@ class SubgraphRunner:
         self.label = label
         self.input_names = tuple(v.name for v in graph.inputs)
         self.output_names = tuple(v.name for v in graph.outputs)
+        self.output_dtypes = tuple(_declared_dtype(v) for v in graph.outputs)
+        self.output_shapes = tuple(_declared_shape(v) for v in graph.outputs)
+        self.output_may_alias = tuple(compiled.plan.output_may_alias)
 
     def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
         """Run the body on its formal inputs plus the captured outer values."""
@@ -118,7 +191,24 @@ class SubgraphRunner:
             self._seen.add(signature)
             self._stats.builds += 1
         self._stats.runs += 1
-        return self._compiled([*inputs, *(captured[i] for i in self._index)])
+        values = [*inputs, *(captured[i] for i in self._index)]
+        ctx = active_context()
+        if ctx is None:
+            return self._compiled(values)
+        return self._compiled.traced(values, ctx, self.label)
+
+
+def _declared_dtype(value) -> DataType | None:
+    try:
+        return DataType(value.dtype) if value.dtype is not None else None
+    except ValueError:
+        return None
+
+
+def _declared_shape(value) -> tuple[int | str | None, ...] | None:
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
 
 
 def _signature(value: Any) -> Any:

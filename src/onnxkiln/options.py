@@ -6,7 +6,7 @@ import difflib
 
 from onnxkiln.errors import InvalidOptionError, UnknownOptionError
 
-__all__ = ["OPTIMIZATION_LEVELS", "check_option"]
+__all__ = ["FILE_OPTIONS", "KNOWN_OPTIONS", "OPTIMIZATION_LEVELS", "check_option"]
 
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 
@@ -19,6 +19,7 @@ KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "decode.verify": ("0", "1"),
     "optimized_model_path": None,
 }
+FILE_OPTIONS = frozenset({"ep.context_file_path", "optimized_model_path"})
 
 
 def check_option(key: str, value: str) -> str:
@@ -38,4 +39,6 @@ def check_option(key: str, value: str) -> str:
         raise InvalidOptionError(f"option '{key}' needs a non-empty value")
     if allowed is not None and value not in allowed:
         raise InvalidOptionError(f"option '{key}' must be one of {list(allowed)}, got {value!r}")
+    if key in FILE_OPTIONS and value.endswith(("/", "\\")):
+        raise InvalidOptionError(f"option '{key}' must name a file, got the folder {value!r}")
     return value

@@ -12,15 +12,22 @@ import onnx
 import onnx_ir as ir
 
 from onnxkiln import loader
-from onnxkiln.dtypes import DataType
-from onnxkiln.errors import InputNotFoundError, InvalidOptionError, SequenceOutputError
-from onnxkiln.executor import CompiledPlan
+from onnxkiln.dtypes import DataType, from_numpy
+from onnxkiln.errors import (
+    InputNotFoundError,
+    InvalidInputError,
+    InvalidOptionError,
+    SequenceOutputError,
+)
+from onnxkiln.executor import CompiledPlan, HookPair
+from onnxkiln.memory import MemoryPlan, MemoryTracker, ShapeOracle, simulate
 from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
-from onnxkiln.partition import Placement, select_providers
+from onnxkiln.partition import KNOWN_PROVIDERS, Placement, select_providers
 from onnxkiln.plan import build_plan
 from onnxkiln.providers.base import ControlFlowCounter
-from onnxkiln.specialize import SpecializationCache
+from onnxkiln.specialize import Specialization, SpecializationCache
 from onnxkiln.threads import thread_limit
+from onnxkiln.trace import TraceContext
 from onnxkiln.types import (
     CacheStats,
     ControlFlowStats,
@@ -51,6 +58,8 @@ class SessionBuilder:
         self._threads: int | None = None
         self._options: dict[str, str] = {}
         self._warmup: list[WarmupShape] = []
+        self._trace = TraceContext.disabled()
+        self._memory_limit: int | None = None
 
     def device(self, device: str) -> SessionBuilder:
         """"auto" (default), "cpu", "cuda" or "cuda:N"."""
@@ -63,8 +72,15 @@ class SessionBuilder:
 
     def providers(self, providers: Sequence[str]) -> SessionBuilder:
         """Explicit provider priority list, e.g. ["cuda", "cpu"]; overrides `device`."""
-        if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
+        if isinstance(providers, str) or not isinstance(providers, Sequence) or not all(
+                isinstance(p, str) for p in providers):
             raise InvalidOptionError(f"providers takes a list of names, got {providers!r}")
+        if not providers:
+            raise InvalidOptionError("providers([...]) needs at least one provider")
+        for name in providers:
+            if name.lower().split(":")[0] not in KNOWN_PROVIDERS:
+                raise InvalidOptionError(
+                    f"unknown provider '{name}'; known providers are {list(KNOWN_PROVIDERS)}")
         self._providers = list(providers)
         return self
 
@@ -89,9 +105,26 @@ class SessionBuilder:
         self._options[key] = check_option(key, value)
         return self
 
+    def trace(self, ctx: TraceContext) -> SessionBuilder:
+        """Where op spans go (see TraceContext); disabled by default."""
+        self._trace = _check_trace(ctx)
+        return self
+
     def warmup(self, shapes: Sequence[WarmupShape]) -> SessionBuilder:
-        """Input shapes whose specialisations are built at load time."""
+        """Input shapes whose specialisations are built at load time (see
+        InferenceSession.warmup; a repeated input name starts a new shape set)."""
+        if isinstance(shapes, WarmupShape) or not all(
+                isinstance(w, WarmupShape) for w in shapes):
+            raise InvalidOptionError(f"warmup takes a list of WarmupShape, got {shapes!r}")
         self._warmup = list(shapes)
+        return self
+
+    def memory_limit(self, nbytes: int) -> SessionBuilder:
+        """Most bytes of live values a run may hold (inputs and activations, not weights);
+        a run that would exceed it raises MemoryLimitError (see onnxkiln.memory)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise InvalidOptionError(f"memory_limit takes a byte count >= 1, got {nbytes!r}")
+        self._memory_limit = nbytes
         return self
 
     def load(self, path: str | os.PathLike) -> InferenceSession:
@@ -128,12 +161,19 @@ class InferenceSession:
         self._control_flow = ControlFlowCounter()
         self._plan = build_plan(model, placement.registries, self._control_flow)
         self._compiled = CompiledPlan(self._plan)
-        self._inputs = [_io_meta(v, optional=v.is_initializer()) for v in model.graph.inputs]
-        self._outputs = [_io_meta(v) for v in model.graph.outputs]
+        self._inputs = [
+            _io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
+        ]
+        self._outputs = [_io_meta(model, v) for v in model.graph.outputs]
         defaults = [self._plan.input_defaults.get(s) for s in self._plan.input_slots]
         self._validator = InputValidator(self._inputs, defaults)
-        self._cache = SpecializationCache(self._compiled)
+        self._cache = SpecializationCache(self._specialize)
         self._copy_outputs = self._plan.output_may_alias
+        self._trace = config._trace
+        self._memory_limit = config._memory_limit
+        self._memory_plan = MemoryPlan(self._plan) if self._memory_limit is not None else None
+        self._shape_oracle: ShapeOracle | None = None
+        self._last_peak: int | None = None
 
     # construction -----------------------------------------------------------
     @classmethod
@@ -176,11 +216,14 @@ class InferenceSession:
             for meta, value in zip(self._outputs, self._run(inputs))
         ]
 
-    def _run(self, inputs: Any) -> list[Any]:
+    def _run(self, inputs: Any, trace: bool = True) -> list[Any]:
         values, signature = self._validator.bind(inputs)
-        runner = self._cache.get(signature)
+        self._cache.get(signature)
         with thread_limit(self._threads):
-            outputs = runner(values)
+            if (trace and self._trace.enabled) or self._memory_limit is not None:
+                outputs = self._run_hooked(values, self._trace if trace else None)
+            else:
+                outputs = self._compiled(values)
         for i, value in enumerate(outputs):
             if isinstance(value, np.generic):
                 outputs[i] = np.asarray(value)
@@ -188,21 +231,72 @@ class InferenceSession:
                 self._copy_outputs[i] or not value.flags.writeable
             ):
                 outputs[i] = value.copy()
+            elif isinstance(value, list):  # elements may be the caller's own input arrays
+                outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
         return outputs
 
+    def _run_hooked(self, values: list[Any], ctx: TraceContext | None) -> list[Any]:
+        tracker = None
+        if self._memory_plan is not None and self._memory_limit is not None:
+            tracker = MemoryTracker(self._memory_plan, self._memory_limit, values)
+        if ctx is None or not ctx.enabled:
+            outputs = self._compiled.hooked(values, tracker)
+        else:
+            with ctx.run_span("model_run", graph=self._model.graph.name or "main"):
+                hooks = self._compiled.tracer(ctx)
+                outputs = self._compiled.hooked(
+                    values, hooks if tracker is None else HookPair(hooks, tracker))
+        if tracker is not None:
+            self._last_peak = tracker.peak
+        return outputs
+
+    def _specialize(self, signature: Any) -> Specialization:
+        if self._memory_plan is None or self._memory_limit is None:
+            return Specialization(signature)
+        if self._shape_oracle is None:
+            self._shape_oracle = ShapeOracle(self._model, self._plan)
+        sizes = self._shape_oracle.sizes(signature)
+        return Specialization(signature, simulate(self._memory_plan, sizes, self._memory_limit))
+
     def warmup(self, shapes: Sequence[WarmupShape]) -> None:
-        """Build specialisations for the given input shapes by one synthetic run."""
+        """Build the specialisations of the given shape sets ahead of the first real run.
+
+        A repeated input name starts a new shape set. Inputs a set leaves out take their
+        declared shape, symbolic dims bound from the named inputs. Each set runs once,
+        untraced, on zeros, so shape-keyed kernel state is built too.
+        """
+        for group in _shape_sets(shapes):
+            self._run(self._warmup_feeds(group), trace=False)
+
+    def _warmup_feeds(self, group: Sequence[WarmupShape]) -> dict[str, np.ndarray]:
+        metas = {m.name: m for m in self._inputs}
+        sizes: dict[str, int] = {}
         feeds: dict[str, np.ndarray] = {}
-        for ws in shapes:
-            meta = next((m for m in self._inputs if m.name == ws.input_name), None)
+        for ws in group:
+            meta = metas.get(ws.input_name)
             if meta is None:
                 raise InputNotFoundError(
                     f"warmup names unknown input '{ws.input_name}'; the model's inputs are "
                     f"{[m.name for m in self._inputs]}"
                 )
-            dtype = DataType(ws.dtype if ws.dtype is not None else meta.dtype)
-            feeds[ws.input_name] = np.zeros(tuple(ws.shape), dtype=dtype.numpy)
-        self._run(feeds)
+            shape = _warmup_shape(ws)
+            for dim, size in zip(meta.shape or (), shape):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, size)
+            feeds[ws.input_name] = _zeros(shape, _warmup_dtype(ws, meta))
+        for meta in self._inputs:
+            if meta.name not in feeds and not meta.optional:
+                feeds[meta.name] = _zeros(_declared_shape(meta, sizes), meta.dtype)
+        return feeds
+
+    def set_trace_context(self, ctx: TraceContext) -> None:
+        """Trace later runs into `ctx`; TraceContext.disabled() turns tracing off."""
+        self._trace = _check_trace(ctx)
+
+    def last_run_peak_bytes(self) -> int | None:
+        """Peak live bytes the last successful run held (inputs and activations, not
+        weights; see onnxkiln.memory). Tracked only with a memory_limit, else None."""
+        return self._last_peak
 
     # metadata ---------------------------------------------------------------
     def inputs(self) -> list[IoMeta]:
@@ -245,6 +339,67 @@ class InferenceSession:
         return ControlFlowStats(self._control_flow.builds, self._control_flow.runs)
 
 
+def _check_trace(ctx: Any) -> TraceContext:
+    if not isinstance(ctx, TraceContext):
+        raise InvalidOptionError(
+            f"trace takes a TraceContext (e.g. TraceContext.chrome('trace.json')), got {ctx!r}")
+    return ctx
+
+
+def _shape_sets(shapes: Sequence[WarmupShape]) -> list[list[WarmupShape]]:
+    """Split a WarmupShape list into shape sets: a repeated input name starts a new one."""
+    sets: list[list[WarmupShape]] = []
+    current: dict[str, WarmupShape] = {}
+    for ws in shapes:
+        if not isinstance(ws, WarmupShape):
+            raise InvalidInputError(f"warmup takes WarmupShape items, got {ws!r}")
+        if ws.input_name in current:
+            sets.append(list(current.values()))
+            current = {}
+        current[ws.input_name] = ws
+    if current:
+        sets.append(list(current.values()))
+    return sets
+
+
+def _warmup_shape(ws: WarmupShape) -> tuple[int, ...]:
+    shape = tuple(ws.shape)
+    if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
+        raise InvalidInputError(
+            f"warmup shape for '{ws.input_name}' must hold sizes >= 0, got {ws.shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def _warmup_dtype(ws: WarmupShape, meta: IoMeta) -> DataType:
+    if ws.dtype is None:
+        return meta.dtype
+    if isinstance(ws.dtype, int):
+        return DataType(ws.dtype)
+    return from_numpy(ws.dtype)
+
+
+def _declared_shape(meta: IoMeta, sizes: dict[str, int]) -> tuple[int, ...]:
+    if meta.shape is None or meta.kind != "tensor" or meta.dtype == DataType.UNDEFINED:
+        raise InvalidInputError(
+            f"warmup needs a WarmupShape for input '{meta.name}' ({meta}): its type is unknown")
+    dims = []
+    for axis, dim in enumerate(meta.shape or ()):
+        size = dim if isinstance(dim, int) else sizes.get(dim) if isinstance(dim, str) else None
+        if size is None:
+            raise InvalidInputError(
+                f"warmup cannot size input '{meta.name}' ({meta}): dim {dim!r} at axis {axis} "
+                f"is not bound by the other warmup shapes; add WarmupShape('{meta.name}', ...)")
+        dims.append(size)
+    return tuple(dims)
+
+
+def _zeros(shape: tuple[int, ...], dtype: DataType) -> np.ndarray:
+    np_dtype = DataType(dtype).numpy
+    if np_dtype.kind == "O":
+        return np.full(shape, "", dtype=object)
+    return np.zeros(shape, dtype=np_dtype)
+
+
 def _kind(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return "tensor"
@@ -257,7 +412,11 @@ def _kind(value: Any) -> str:
     return "tensor"
 
 
-def _io_meta(value: ir.Value, optional: bool = False) -> IoMeta:
+def _io_meta(model: ir.Model, value: ir.Value, optional: bool = False) -> IoMeta:
+    mapped = loader.map_io_kind(model, value.name or "")
+    if mapped is not None:  # map types live beside the IR (onnx_ir cannot hold them)
+        kind, elem = mapped
+        return IoMeta(value.name or "", DataType(elem), None, kind, optional or kind == "optional")
     t = value.type
     kind = "tensor"
     if isinstance(t, ir.SequenceType):
