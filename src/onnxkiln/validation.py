@@ -96,7 +96,7 @@ class InputValidator:
     def _convert(self, spec: InputSpec, raw: Any) -> Any:
         meta = spec.meta
         if meta.kind != "tensor":
-            return raw
+            return _convert_container(spec, raw)
         expected = spec.np_dtype
         if isinstance(raw, np.ndarray):
             array = raw
@@ -132,6 +132,42 @@ class InputValidator:
                         f"dim '{dim}' = {first[0]} from input '{first[1]}' (axis {first[2]}) "
                         f"but {size} in input '{spec.meta.name}' (axis {axis})"
                     )
+
+
+def _convert_container(spec: InputSpec, raw: Any) -> Any:
+    """Map inputs must be dicts; sequences become lists of arrays of the element type."""
+    meta = spec.meta
+    if meta.kind == "map":
+        if not isinstance(raw, dict):
+            raise InvalidInputError(
+                f"input '{meta.name}' expects a map (a dict), got {type(raw).__name__}"
+            )
+        return raw
+    if raw is None:
+        if meta.kind == "optional":
+            return None
+        raise InvalidInputError(f"input '{meta.name}' expects a {meta.kind}, got None")
+    if meta.kind == "sequence" or isinstance(raw, list | tuple):
+        if not isinstance(raw, list | tuple):
+            raise InvalidInputError(
+                f"input '{meta.name}' expects a sequence (a list of arrays), got "
+                f"{type(raw).__name__}"
+            )
+        return [_element(spec, item, i) for i, item in enumerate(raw)]
+    return raw if isinstance(raw, np.ndarray) else np.asarray(raw)
+
+
+def _element(spec: InputSpec, item: Any, index: int) -> Any:
+    if isinstance(item, dict):
+        return item
+    expected = spec.np_dtype
+    array = item if isinstance(item, np.ndarray) else np.asarray(item, dtype=expected)
+    if expected is not None and array.dtype != expected and expected.kind != "O":
+        raise InvalidInputError(
+            f"input '{spec.meta.name}' element {index} expects {spec.meta.dtype}, got "
+            f"{_describe(array)}; cast it with x.astype({_np_name(expected)})"
+        )
+    return array
 
 
 def _check_shape(meta: IoMeta, array: np.ndarray) -> None:

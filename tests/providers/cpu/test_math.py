@@ -422,7 +422,7 @@ def test_erf_int_opset9():
 def test_kernels_without_plan_time_dtypes(op, dtype):
     """Kernels built without input dtypes (unknown at plan time) pick the path per call."""
     from onnxkiln.dtypes import from_numpy
-    from onnxkiln.plan import _schema_defaults
+    from onnxkiln.schema import schema_defaults as _schema_defaults
     from onnxkiln.providers.base import NodeInfo
     from onnxkiln.providers.cpu.registry import REGISTRY
 

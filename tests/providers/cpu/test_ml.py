@@ -287,7 +287,7 @@ def test_array_feature_extractor_1d_and_errors():
 # Map-typed ops: kernels called directly (the loader cannot read map values yet)
 
 
-def test_map_typed_models_do_not_load_yet():
+def test_map_typed_models_load_and_run():
     node = helper.make_node("DictVectorizer", ["x"], ["y"], domain=ML,
                             string_vocabulary=["a", "b"])
     mt = helper.make_map_type_proto(TensorProto.STRING,
@@ -296,8 +296,10 @@ def test_map_typed_models_do_not_load_yet():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                     helper.make_opsetid(ML, 1)])
-    with pytest.raises(ModelLoadError):
-        InferenceSession.builder().from_graph(model)
+    session = InferenceSession.builder().from_graph(model)
+    assert [(m.name, m.kind) for m in session.inputs()] == [("x", "map")]
+    y = session.run({"x": {"b": 2.0, "a": 1.0}})[0]
+    np.testing.assert_array_equal(y, np.array([[1.0, 2.0]], np.float32))
 
 
 def test_zip_map():
