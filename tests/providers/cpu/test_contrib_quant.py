@@ -1,0 +1,744 @@
+"""com.microsoft quantized and fused kernels (contrib_quant.py, contrib_qlinear.py,
+contrib_fused.py) against onnxruntime's CPU provider, or numpy where onnxruntime lacks a case.
+
+Notes on onnxruntime behaviour the tests steer around (see each test):
+- MLAS's u8s8 GEMM on AVX2 machines without VNNI adds pairs of uint8 * int8 products in
+  saturating int16, so DynamicQuantizeMatMul / MatMulIntegerToFloat with int8 B are compared
+  on |B| <= 63, where no pair can saturate.
+- MatMulNBits with g_idx ignores uint8 zero points in onnxruntime 1.32 (uses 2^(bits-1));
+  that case is checked against numpy.
+- QLinearSigmoid/QLinearConcat with an omitted zero point crash onnxruntime; numpy there.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+import scipy.special
+from onnx import helper
+
+from onnxkiln import InferenceSession
+from onnxkiln.testing import assert_matches_ort, make_model, node_model, tensor_info
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(1234)
+F32 = np.float32
+
+
+def model(op, feeds, inits=None, names=None, **attrs):
+    return node_model(op, feeds, initializers=inits or {}, domain=MS, input_names=names, **attrs)
+
+
+def ours(m, feeds):
+    return InferenceSession.builder().from_graph(m).run(dict(feeds))
+
+
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """Values in [0, 2^bits) packed 8 // bits to a byte along the last axis, low bits first."""
+    if bits == 8:
+        return q.astype(np.uint8)
+    per = 8 // bits
+    pad = (-q.shape[-1]) % per
+    q = np.concatenate([q, np.zeros((*q.shape[:-1], pad), q.dtype)], -1).astype(np.uint16)
+    q = q.reshape(*q.shape[:-1], -1, per)
+    out = np.zeros(q.shape[:-1], np.uint16)
+    for i in range(per):
+        out |= q[..., i] << (bits * i)
+    return out.astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------- MatMulNBits
+
+
+def nbits_case(k, n, bits, block, zp_kind, dtype=F32, a_shape=(3,), bias=False, g_idx=None):
+    nb = -(-k // block)
+    q = RNG.integers(0, 2**bits, (n, nb, block))
+    b = pack(q, bits)
+    scales = RNG.uniform(0.01, 0.2, (n, nb)).astype(dtype)
+    inits = {"B": b, "scales": scales}
+    names = ["A", "B", "scales"]
+    zf = np.full((n, nb), 2.0 ** (bits - 1), F32)
+    if zp_kind == "packed":
+        zq = RNG.integers(0, 2**bits, (n, nb))
+        inits["zp"] = pack(zq, bits)
+        zf = zq.astype(F32)
+    elif zp_kind == "float":
+        zf = RNG.uniform(0, 2**bits - 1, (n, nb)).astype(dtype)
+        inits["zp"] = zf
+        zf = zf.astype(F32)
+    names.append("zp" if zp_kind else "")
+    if g_idx is not None:
+        inits["g"] = g_idx.astype(np.int32)
+    names.append("g" if g_idx is not None else "")
+    bv = None
+    if bias:
+        bv = RNG.standard_normal(n).astype(dtype)
+        inits["bias"] = bv
+    names.append("bias" if bias else "")
+    while names[-1] == "":
+        names.pop()
+    a = RNG.standard_normal((*a_shape, k)).astype(dtype)
+    # numpy reference
+    if g_idx is None:
+        w = ((q - zf[:, :, None]) * scales.astype(F32)[:, :, None]).reshape(n, -1)[:, :k]
+    else:
+        w = (q.reshape(n, -1)[:, :k] - zf[:, g_idx]) * scales.astype(F32)[:, g_idx]
+    ref = a.astype(F32) @ w.T.astype(F32)
+    if bv is not None:
+        ref = ref + bv.astype(F32)
+    return {"A": a}, inits, names, ref.astype(dtype)
+
+
+NBITS_GRID = [
+    (bits, block, k, zp)
+    for bits in (2, 4, 8)
+    for block, k in ((16, 64), (32, 100), (64, 64), (128, 300), (256, 256))
+    for zp in (None, "packed", "float")
+    if not (bits == 8 and zp == "float")  # onnxruntime CPU refuses 8-bit float zero points
+]
+
+
+@pytest.mark.parametrize("bits,block,k,zp", NBITS_GRID)
+def test_matmul_nbits_float32(bits, block, k, zp):
+    feeds, inits, names, _ = nbits_case(k, 12, bits, block, zp, bias=block == 32)
+    m = model("MatMulNBits", feeds, inits, names, K=k, N=12, bits=bits, block_size=block)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits,zp", [(4, None), (4, "packed"), (4, "float"), (8, "packed"),
+                                     (2, "float")])
+@pytest.mark.parametrize("acc", [0, 1, 2, 4])
+def test_matmul_nbits_float16(bits, zp, acc):
+    feeds, inits, names, ref = nbits_case(96, 10, bits, 32, zp, dtype=np.float16, bias=True,
+                                          a_shape=(2, 3))
+    m = model("MatMulNBits", feeds, inits, names, K=96, N=10, bits=bits, block_size=32,
+              accuracy_level=acc)
+    # onnxruntime multiplies float16 in float16 (and A in int8 blocks for level 4)
+    big = float(np.abs(ref.astype(F32)).max())
+    assert_matches_ort(m, feeds, rtol=2e-2, atol=0.03 * big if acc == 4 else 3e-2)
+
+
+@pytest.mark.parametrize("acc", [1, 2, 3, 4])
+def test_matmul_nbits_accuracy_level(acc):
+    feeds, inits, names, ref = nbits_case(128, 16, 4, 32, "packed", a_shape=(5,))
+    m = model("MatMulNBits", feeds, inits, names, K=128, N=16, bits=4, block_size=32,
+              accuracy_level=acc)
+    got = ours(m, feeds)[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)  # full float32 at every level
+    # level 4 lets onnxruntime quantize A to int8 per block: only close to the float result
+    big = float(np.abs(ref).max())
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=0.03 * big if acc == 4 else 1e-4)
+
+
+@pytest.mark.parametrize("a_shape", [(), (1,), (2, 3), (2, 1, 4)])
+def test_matmul_nbits_ranks_and_runtime_weights(a_shape):
+    feeds, inits, names, _ = nbits_case(64, 8, 4, 16, "packed", a_shape=a_shape, bias=True)
+    m = model("MatMulNBits", feeds, inits, names, K=64, N=8, bits=4, block_size=16)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-4)
+    # B, scales and zero points as graph inputs: dequantized on every run
+    feeds2 = {**feeds, "B": inits.pop("B"), "scales": inits.pop("scales"), "zp": inits.pop("zp")}
+    m2 = model("MatMulNBits", feeds2, inits, names, K=64, N=8, bits=4, block_size=16)
+    assert_matches_ort(m2, feeds2, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("zp", [None, "float", "packed"])
+def test_matmul_nbits_g_idx(zp):
+    k, block = 64, 16
+    g = RNG.permutation(np.arange(k) // block)
+    feeds, inits, names, ref = nbits_case(k, 8, 4, block, zp, g_idx=g)
+    m = model("MatMulNBits", feeds, inits, names, K=k, N=8, bits=4, block_size=block)
+    np.testing.assert_allclose(ours(m, feeds)[0], ref, rtol=1e-5, atol=1e-4)
+    if zp != "packed":  # onnxruntime drops uint8 zero points when g_idx is given
+        assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-4)
+    # the trivial g_idx (k // block) changes nothing
+    feeds, inits, names, ref = nbits_case(k, 8, 4, block, zp, g_idx=np.arange(k) // block)
+    m = model("MatMulNBits", feeds, inits, names, K=k, N=8, bits=4, block_size=block)
+    np.testing.assert_allclose(ours(m, feeds)[0], ref, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_nbits_reference_only_cases():
+    """8-bit float zero points and bfloat16 A (onnxruntime's CPU provider has neither)."""
+    feeds, inits, names, ref = nbits_case(64, 6, 8, 32, "float")
+    m = model("MatMulNBits", feeds, inits, names, K=64, N=6, bits=8, block_size=32)
+    np.testing.assert_allclose(ours(m, feeds)[0], ref, rtol=1e-5, atol=1e-4)
+    feeds, inits, names, ref = nbits_case(64, 6, 4, 32, "packed", dtype=F32)
+    a16 = feeds["A"].astype(ml_dtypes.bfloat16)
+    inits["scales"] = inits["scales"].astype(ml_dtypes.bfloat16)
+    m = model("MatMulNBits", {"A": a16}, inits, names, K=64, N=6, bits=4, block_size=32)
+    got = ours(m, {"A": a16})[0]
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(F32), ref, rtol=3e-2, atol=0.1)
+
+
+def test_matmul_nbits_empty_weight_and_cache():
+    a = RNG.standard_normal((2, 64)).astype(F32)
+    bias = RNG.standard_normal(8).astype(F32)
+    inits = {"B": np.zeros((8, 0, 8), np.uint8), "s": np.zeros((8, 0), F32), "bias": bias}
+    m = model("MatMulNBits", {"A": a}, inits, ["A", "B", "s", "", "", "bias"], K=64, N=8, bits=4,
+              block_size=16)
+    assert_matches_ort(m, {"A": a})
+    feeds, inits, names, ref = nbits_case(64, 8, 4, 16, "packed")
+    sess = InferenceSession.builder().from_graph(
+        model("MatMulNBits", feeds, inits, names, K=64, N=8, bits=4, block_size=16))
+    for _ in range(2):  # the second run reuses the cached dequantized weight
+        np.testing.assert_allclose(sess.run(feeds)[0], ref, rtol=1e-5, atol=1e-4)
+    with pytest.raises(Exception, match="bits"):
+        ours(model("MatMulNBits", feeds, inits, names, K=64, N=8, bits=3, block_size=16), feeds)
+
+
+# ------------------------------------------------------------------------- GatherBlockQuantized
+
+
+def gbq_ref(values, scales, zp, qax, block, gax, idx):
+    d = values.shape[qax]
+    s = np.broadcast_to(np.repeat(scales.astype(F32), block, axis=qax).take(range(d), axis=qax),
+                        values.shape)
+    z = 0 if zp is None else np.repeat(zp.astype(F32), block, axis=qax).take(range(d), axis=qax)
+    deq = (values.astype(F32) - z) * s
+    size = values.shape[gax]
+    ok = (idx >= -size) & (idx < size)
+    out = np.take(deq, np.where(ok, idx, 0), axis=gax)
+    mask = ok.reshape((1,) * gax + ok.shape + (1,) * (values.ndim - gax - 1))
+    return np.where(mask, out, 0).astype(scales.dtype)
+
+
+GBQ_GRID = [
+    # (data shape, gather_axis, quantize_axis, block, index shape)
+    ((6, 64), 0, 1, 16, (2, 3)),
+    ((6, 40), 0, -1, 16, (4,)),
+    ((32, 5), 1, 0, 16, (3,)),
+    ((3, 4, 40), 1, 2, 32, (2,)),
+    ((3, 4, 40), 2, 2, 16, (2, 2)),
+    ((4, 128), 0, 1, 128, ()),
+]
+
+
+@pytest.mark.parametrize("shape,gax,qax,block,ishape", GBQ_GRID)
+@pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.uint4])
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_gather_block_quantized_int4(shape, gax, qax, block, ishape, dtype, with_zp):
+    lo, hi = (-8, 8) if dtype == ml_dtypes.int4 else (0, 16)
+    data = RNG.integers(lo, hi, shape).astype(dtype)
+    q = qax % len(shape)
+    sshape = tuple(-(-d // block) if i == q else d for i, d in enumerate(shape))
+    scales = RNG.uniform(0.1, 1, sshape).astype(F32)
+    size = shape[gax % len(shape)]
+    idx = RNG.integers(-size, size, ishape).astype(np.int64)
+    inits = {"data": data, "scales": scales}
+    names = ["data", "idx", "scales"]
+    if with_zp:
+        inits["zp"] = RNG.integers(lo, hi, sshape).astype(dtype)
+        names.append("zp")
+    m = model("GatherBlockQuantized", {"idx": idx}, inits, names, gather_axis=gax,
+              quantize_axis=qax, block_size=block)
+    got = assert_matches_ort(m, {"idx": idx}, rtol=1e-6, atol=1e-6)[0]
+    ref = gbq_ref(data, scales, inits.get("zp"), q, block, gax % len(shape), idx)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("k,block", [(64, 16), (40, 16), (256, 128)])
+@pytest.mark.parametrize("with_zp", [False, True])
+@pytest.mark.parametrize("sdtype", [F32, np.float16])
+def test_gather_block_quantized_uint8(bits, k, block, with_zp, sdtype):
+    rows = 5
+    q = RNG.integers(0, 2**bits, (rows, k))
+    nb = -(-k // block)
+    scales = RNG.uniform(0.01, 0.1, (rows, nb)).astype(sdtype)
+    inits = {"data": pack(q, bits), "scales": scales}
+    names = ["data", "idx", "scales"]
+    if with_zp:
+        inits["zp"] = pack(RNG.integers(0, 2**bits, (rows, nb)), bits)
+        names.append("zp")
+    idx = np.array([[3, 1], [0, -1], [9, -6]], np.int32)  # 9 and -6 are out of range: zeros
+    m = model("GatherBlockQuantized", {"idx": idx}, inits, names, bits=bits, block_size=block)
+    got = assert_matches_ort(m, {"idx": idx}, rtol=1e-3 if sdtype == np.float16 else 1e-5,
+                             atol=1e-4)[0]
+    assert not got[2].any()
+
+
+FP8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
+       ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn]
+
+
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("block,sshape", [(16, (5, 4)), (0, (5, 1)), (16, (1, 4)), (0, (1, 1)),
+                                          (32, (5, 2))])
+def test_gather_block_quantized_float8(dtype, block, sshape):
+    data = (RNG.standard_normal((5, 64)) * 3).astype(dtype)
+    scales = RNG.uniform(0.1, 1, sshape).astype(F32)
+    idx = np.array([[3, 1], [0, -1]], np.int64)
+    m = model("GatherBlockQuantized", {"idx": idx}, {"data": data, "scales": scales},
+              ["data", "idx", "scales"], block_size=block)
+    got = assert_matches_ort(m, {"idx": idx}, rtol=0, atol=0)[0]
+    b = 64 if block == 0 else block
+    full = np.broadcast_to(np.repeat(scales, b, 1), (5, 64))
+    np.testing.assert_array_equal(got, (data.astype(F32) * full)[idx])
+
+
+def test_gather_block_quantized_float8_gather_axis_1():
+    data = (RNG.standard_normal((32, 6)) * 3).astype(ml_dtypes.float8_e4m3fn)
+    for sshape in ((2, 6), (2, 1)):
+        scales = RNG.uniform(0.1, 1, sshape).astype(np.float16)
+        idx = np.array([1, 4], np.int64)
+        m = model("GatherBlockQuantized", {"idx": idx}, {"data": data, "scales": scales},
+                  ["data", "idx", "scales"], block_size=16, quantize_axis=0, gather_axis=1)
+        assert_matches_ort(m, {"idx": idx}, rtol=1e-3, atol=1e-3)
+
+
+def test_gather_block_quantized_uint8_any_quantize_axis():
+    """8-bit uint8 data quantized along axis 0 (onnxruntime's CPU kernel wants the last axis)."""
+    data = RNG.integers(0, 256, (32, 6)).astype(np.uint8)
+    scales = RNG.uniform(0.1, 1, (2, 6)).astype(F32)
+    zp = RNG.integers(0, 256, (2, 6)).astype(np.uint8)
+    idx = np.array([[31, 0], [-32, 40]], np.int64)
+    m = model("GatherBlockQuantized", {"idx": idx}, {"data": data, "scales": scales, "zp": zp},
+              ["data", "idx", "scales", "zp"], bits=8, block_size=16, quantize_axis=0)
+    ref = gbq_ref(data, scales, zp, 0, 16, 0, idx)
+    np.testing.assert_allclose(ours(m, {"idx": idx})[0], ref, rtol=1e-6, atol=1e-5)
+
+
+def test_gather_block_quantized_bfloat16_and_errors():
+    data = RNG.integers(-8, 8, (4, 32)).astype(ml_dtypes.int4)
+    scales = RNG.uniform(0.1, 1, (4, 2)).astype(ml_dtypes.bfloat16)
+    idx = np.array([2, 0], np.int64)
+    m = model("GatherBlockQuantized", {"idx": idx}, {"data": data, "scales": scales},
+              ["data", "idx", "scales"], block_size=16)
+    got = ours(m, {"idx": idx})[0]
+    ref = (data.astype(F32) * np.repeat(scales.astype(F32), 16, 1))[idx]
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(F32), ref, rtol=1e-2)
+    bad = model("GatherBlockQuantized", {"idx": idx}, {"data": pack(np.zeros((4, 32), int), 4),
+                                                      "scales": np.ones((4, 2), F32)},
+                ["data", "idx", "scales"], block_size=16, gather_axis=1, quantize_axis=0)
+    with pytest.raises(Exception, match="gather_axis"):
+        ours(bad, {"idx": idx})
+
+
+# ---------------------------------------------------------------------------------- FusedMatMul
+
+
+def orient(x, t, tb):
+    if tb:
+        x = np.moveaxis(x, 0, -2)
+    return np.swapaxes(x, -1, -2) if t and x.ndim >= 2 else x
+
+
+FMM_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)),
+              ((2, 3, 4, 5), (3, 2, 5, 6)), ((2, 1, 3, 4), (1, 5, 4, 6)), ((4,), (4,))]
+
+
+@pytest.mark.parametrize("sa,sb", FMM_SHAPES)
+@pytest.mark.parametrize("dtype", [F32, np.float64])
+def test_fused_matmul(sa, sb, dtype):
+    for ta, tb, tba, tbb in itertools.product((0, 1), repeat=4):
+        if (tba or tbb) and not (len(sa) == len(sb) >= 3):
+            continue  # onnxruntime needs equal ranks >= 3 for transBatch
+        a = RNG.standard_normal(sa).astype(dtype)
+        b = RNG.standard_normal(sb).astype(dtype)
+        try:
+            np.matmul(orient(a, ta, tba), orient(b, tb, tbb))
+        except ValueError:
+            continue
+        m = model("FusedMatMul", {"A": a, "B": b}, alpha=0.75, transA=ta, transB=tb,
+                  transBatchA=tba, transBatchB=tbb)
+        assert_matches_ort(m, {"A": a, "B": b}, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_matmul_const_b_and_low_precision():
+    a = RNG.standard_normal((3, 2, 4)).astype(F32)
+    b = RNG.standard_normal((2, 5, 4)).astype(F32)
+    for sa, sb, tba, tbb in (((3, 2, 4), (2, 5, 4), 1, 0), ((2, 3, 4), (2, 5, 4), 0, 0),
+                             ((2, 3, 4), (5, 2, 4), 0, 1)):
+        aa, bb = RNG.standard_normal(sa).astype(F32), RNG.standard_normal(sb).astype(F32)
+        m = model("FusedMatMul", {"A": aa}, {"B": bb}, ["A", "B"], transB=1, alpha=2.0,
+                  transBatchA=tba, transBatchB=tbb)
+        assert_matches_ort(m, {"A": aa}, rtol=1e-5, atol=1e-5)
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        a16, b16 = a.astype(dt), b.astype(dt)
+        m = model("FusedMatMul", {"A": a16, "B": b16}, transB=1, alpha=2.0, transBatchA=1)
+        got = ours(m, {"A": a16, "B": b16})[0]
+        ref = 2.0 * np.matmul(np.moveaxis(a16.astype(F32), 0, -2),
+                              np.swapaxes(b16.astype(F32), -1, -2))
+        assert got.dtype == dt
+        np.testing.assert_allclose(got.astype(F32), ref, rtol=2e-2, atol=5e-2)
+
+
+# ---------------------------------------------------------------------- FusedConv, FusedGemm
+
+CONV_ACTS = [("", []), ("Relu", []), ("Tanh", []), ("Sigmoid", []), ("LeakyRelu", [0.3]),
+             ("Clip", [-0.5, 0.7]), ("HardSigmoid", [0.3, 0.4])]
+
+
+@pytest.mark.parametrize("act,params", CONV_ACTS)
+@pytest.mark.parametrize("with_b,with_z", [(True, False), (True, True), (False, True),
+                                           (False, False)])
+def test_fused_conv_2d(act, params, with_b, with_z):
+    x = RNG.standard_normal((2, 4, 7, 6)).astype(F32)
+    w = RNG.standard_normal((6, 2, 3, 3)).astype(F32)
+    attrs = {"group": 2, "pads": [1, 0, 1, 2], "strides": [2, 1]}
+    if act:
+        attrs["activation"] = act
+    if params:
+        attrs["activation_params"] = params
+    out_shape = (2, 6, 4, 6)
+    inits = {"W": w}
+    feeds = {"X": x}
+    names = ["X", "W", "", ""]
+    if with_b:
+        inits["B"] = RNG.standard_normal(6).astype(F32)
+        names[2] = "B"
+    if with_z:
+        feeds["Z"] = RNG.standard_normal(out_shape).astype(F32)
+        names[3] = "Z"
+    while names[-1] == "":
+        names.pop()
+    m = model("FusedConv", feeds, inits, names, **attrs)
+    got = assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)[0]
+    assert got.shape == out_shape
+
+
+@pytest.mark.parametrize("shape,wshape,attrs", [
+    ((2, 4, 9), (6, 2, 3), {"group": 2, "strides": [2], "pads": [1, 1]}),
+    ((1, 2, 5, 5, 5), (3, 2, 2, 2, 2), {"dilations": [2, 1, 1]}),
+    ((1, 3, 8, 8), (3, 1, 3, 3), {"group": 3, "auto_pad": "SAME_UPPER"}),
+    ((1, 8, 5, 5), (4, 8, 1, 1), {}),
+])
+def test_fused_conv_shapes(shape, wshape, attrs):
+    x = RNG.standard_normal(shape).astype(F32)
+    w = RNG.standard_normal(wshape).astype(F32)
+    m = model("FusedConv", {"X": x, "W": w}, activation="Relu", **attrs)
+    assert_matches_ort(m, {"X": x, "W": w}, rtol=1e-5, atol=1e-5)
+    m = model("FusedConv", {"X": x}, {"W": w}, ["X", "W"], activation="LeakyRelu",
+              activation_params=[0.1], **attrs)
+    assert_matches_ort(m, {"X": x}, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_conv_float16_and_errors():
+    x = RNG.standard_normal((1, 2, 5, 5)).astype(np.float16)
+    w = RNG.standard_normal((3, 2, 3, 3)).astype(np.float16)
+    m = model("FusedConv", {"X": x, "W": w}, activation="Sigmoid")
+    got = ours(m, {"X": x, "W": w})[0]
+    conv = node_model("Conv", {"X": x.astype(F32), "W": w.astype(F32)})
+    ref = scipy.special.expit(ours(conv, {"X": x.astype(F32), "W": w.astype(F32)})[0])
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(F32), ref, rtol=1e-2, atol=1e-2)
+    for act, params in (("LeakyRelu", []), ("Elu", [1.0]), ("Clip", [0.0])):
+        with pytest.raises(Exception, match="activation"):
+            ours(model("FusedConv", {"X": x, "W": w}, activation=act, activation_params=params),
+                 {"X": x, "W": w})
+
+
+GEMM_ACTS = [
+    ("Relu", {}), ("Tanh", {}), ("Sigmoid", {}), ("Softsign", {}), ("Softplus", {}),
+    ("LeakyRelu", {"activation_alpha": 0.2}), ("Elu", {"activation_alpha": 0.7}),
+    ("ThresholdedRelu", {"activation_alpha": 0.5}),
+    ("HardSigmoid", {"activation_alpha": 0.3, "activation_beta": 0.4}),
+    ("ScaledTanh", {"activation_alpha": 2.0, "activation_beta": 0.5}),
+    ("ParametricSoftplus", {"activation_alpha": 2.0, "activation_beta": 0.5}),
+    ("Selu", {"activation_alpha": 1.5, "activation_gamma": 2.0}),
+]
+
+
+@pytest.mark.parametrize("act,kw", GEMM_ACTS)
+@pytest.mark.parametrize("ta,tb,cshape", [(0, 0, (4,)), (1, 0, (3, 4)), (0, 1, (3, 1)),
+                                          (1, 1, ()), (0, 0, None)])
+def test_fused_gemm(act, kw, ta, tb, cshape):
+    a = RNG.standard_normal((5, 3) if ta else (3, 5)).astype(F32)
+    b = RNG.standard_normal((4, 5) if tb else (5, 4)).astype(F32)
+    feeds, inits, names = {"A": a}, {"B": b}, ["A", "B"]
+    if cshape is not None:
+        feeds["C"] = RNG.standard_normal(cshape).astype(F32)
+        names.append("C")
+    attrs = dict(kw, alpha=0.5, beta=2.0, transA=ta, transB=tb)
+    if act:
+        attrs["activation"] = act
+    m = model("FusedGemm", feeds, inits, names, **attrs)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_gemm_no_activation_and_missing_parameter():
+    """No activation is a plain Gemm here (onnxruntime refuses a FusedGemm without one)."""
+    a = RNG.standard_normal((3, 5)).astype(F32)
+    b = RNG.standard_normal((4, 5)).astype(F32)
+    c = RNG.standard_normal((4,)).astype(F32)
+    m = model("FusedGemm", {"A": a, "B": b, "C": c}, alpha=0.5, beta=2.0, transB=1)
+    np.testing.assert_allclose(ours(m, {"A": a, "B": b, "C": c})[0], 0.5 * a @ b.T + 2 * c,
+                               rtol=1e-5, atol=1e-5)
+    a = np.ones((2, 2), F32)
+    with pytest.raises(Exception, match="alpha"):
+        ours(model("FusedGemm", {"A": a, "B": a}, activation="LeakyRelu"), {"A": a, "B": a})
+
+
+# ------------------------------------------------ DynamicQuantizeMatMul, MatMulIntegerToFloat
+
+
+def int_b(dtype, shape):
+    if dtype == np.uint8:
+        return RNG.integers(0, 256, shape).astype(np.uint8)
+    return RNG.integers(-63, 64, shape).astype(np.int8)  # see the module docstring
+
+
+def int_zp(dtype, shape):
+    lo, hi = (100, 156) if dtype == np.uint8 else (-10, 10)
+    return RNG.integers(lo, hi, shape).astype(dtype)
+
+
+DQMM_GRID = [
+    # (A shape, B shape, b_scale shape, b_zero_point shape or None, bias)
+    ((3, 8), (8, 5), (), (), False),
+    ((3, 8), (8, 5), (5,), (5,), True),
+    ((2, 3, 8), (8, 5), (5,), None, True),
+    ((2, 3, 8), (2, 8, 5), (2, 1, 5), (2, 1, 5), False),
+    ((2, 3, 8), (2, 8, 5), (), (), False),
+    ((4, 300), (300, 7), (1,), (1,), True),
+    ((8,), (8, 5), (), None, False),
+]
+
+
+@pytest.mark.parametrize("sa,sb,sss,szs,bias", DQMM_GRID)
+@pytest.mark.parametrize("bdt", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_const", [True, False])
+def test_dynamic_quantize_matmul(sa, sb, sss, szs, bias, bdt, b_const):
+    a = (RNG.standard_normal(sa) * 3).astype(F32)
+    b = int_b(bdt, sb)
+    inits = {"bs": RNG.uniform(0.01, 0.1, sss).astype(F32)}
+    feeds = {"A": a}
+    (inits if b_const else feeds)["B"] = b
+    names = ["A", "B", "bs", ""]
+    if szs is not None:
+        inits["bz"] = int_zp(bdt, szs)
+        names[3] = "bz"
+    if bias:
+        inits["bias"] = RNG.standard_normal(sb[-1]).astype(F32)
+        names.append("bias")
+    while names[-1] == "":
+        names.pop()
+    m = model("DynamicQuantizeMatMul", feeds, inits, names)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-4)
+
+
+MIF_GRID = [
+    # (A shape, B shape, a_scale, b_scale, a_zp, b_zp, bias)
+    ((3, 8), (8, 5), (), (), (), (), False),
+    ((3, 8), (8, 5), (1,), (5,), (1,), (5,), True),
+    ((2, 3, 8), (8, 5), (), (5,), None, None, True),
+    ((2, 3, 8), (2, 8, 5), (), (2, 1, 5), (), (2, 1, 5), False),
+    ((3, 8), (8, 5), (3, 1), (), None, None, False),
+    ((8,), (8, 5), (), (), (), (), False),
+    ((5, 600), (600, 4), (), (4,), (), (4,), True),
+]
+
+
+@pytest.mark.parametrize("sa,sb,sas,sbs,saz,sbz,bias", MIF_GRID)
+@pytest.mark.parametrize("adt,bdt", [(np.uint8, np.uint8), (np.uint8, np.int8),
+                                     (np.int8, np.int8)])
+def test_matmul_integer_to_float(sa, sb, sas, sbs, saz, sbz, bias, adt, bdt):
+    a = int_b(adt, sa) if adt == np.uint8 else RNG.integers(-128, 128, sa).astype(np.int8)
+    inits = {"B": int_b(bdt, sb), "as": RNG.uniform(0.01, 0.1, sas).astype(F32),
+             "bs": RNG.uniform(0.01, 0.1, sbs).astype(F32)}
+    names = ["A", "B", "as", "bs", "", ""]
+    if saz is not None:
+        inits["az"] = int_zp(adt, saz)
+        names[4] = "az"
+    if sbz is not None:
+        inits["bz"] = int_zp(bdt, sbz)
+        names[5] = "bz"
+    if bias:
+        inits["bias"] = RNG.standard_normal(sb[-1]).astype(F32)
+        names.append("bias")
+    while names[-1] == "":
+        names.pop()
+    m = model("MatMulIntegerToFloat", {"A": a}, inits, names)
+    assert_matches_ort(m, {"A": a}, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_integer_to_float_float16_and_int8_uint8():
+    a = RNG.integers(0, 256, (3, 8)).astype(np.uint8)
+    b = RNG.integers(0, 256, (8, 5)).astype(np.uint8)
+    az, bz = np.array(7, np.uint8), np.array(130, np.uint8)
+    sa, sb = np.array(0.02, np.float16), np.full(5, 0.03, np.float16)
+    m = model("MatMulIntegerToFloat", {"A": a}, {"B": b, "as": sa, "bs": sb, "az": az, "bz": bz},
+              ["A", "B", "as", "bs", "az", "bz"])
+    got = ours(m, {"A": a})[0]
+    ref = (a.astype(np.float64) - 7) @ (b.astype(np.float64) - 130) * (F32(sa) * sb.astype(F32))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(F32), ref, rtol=1e-3, atol=1e-2)
+    a8 = RNG.integers(-128, 128, (3, 8)).astype(np.int8)  # int8 A with uint8 B: no ORT kernel
+    m = model("MatMulIntegerToFloat", {"A": a8}, {"B": b, "as": np.array(F32(0.5)),
+                                                 "bs": np.array(F32(0.25))},
+              ["A", "B", "as", "bs"])
+    np.testing.assert_allclose(ours(m, {"A": a8})[0],
+                               (a8.astype(np.float64) @ b.astype(np.float64)) * 0.125, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- QLinear ops
+
+QTYPES = [np.uint8, np.int8]
+
+
+def qparams(dt, n):
+    info = np.iinfo(dt)
+    scales = RNG.uniform(0.002, 1.0, n).astype(F32)
+    zps = RNG.integers(info.min, info.max + 1, n).astype(dt)
+    return scales, zps
+
+
+def all_values(dt):
+    return np.arange(256, dtype=np.uint8).view(dt)
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("sa,sb", [((256, 256), (256, 256)), ((256, 256), ()), ((), (256, 256)),
+                                   ((256, 1, 256), (256,)), ((7, 1), (1, 9)), ((1,), (3,))])
+def test_qlinear_binary(op, dt, sa, sb):
+    vals = all_values(dt)
+    a = np.repeat(vals, 256).reshape(256, 256) if sa == (256, 256) else (
+        np.repeat(vals, 256).reshape(256, 1, 256) if sa == (256, 1, 256)
+        else RNG.choice(vals, sa).astype(dt))
+    b = np.tile(vals, 256).reshape(256, 256) if sb == (256, 256) else (
+        vals.copy() if sb == (256,) else RNG.choice(vals, sb).astype(dt))
+    for _ in range(3):
+        s, z = qparams(dt, 3)
+        inits = {"as": s[0], "az": z[0], "bs": s[1], "bz": z[1], "cs": s[2], "cz": z[2]}
+        m = model(op, {"A": a, "B": b}, inits, ["A", "as", "az", "B", "bs", "bz", "cs", "cz"])
+        assert_matches_ort(m, {"A": a, "B": b})  # bit exact
+
+
+def test_qlinear_binary_default_zero_points():
+    a = all_values(np.uint8)
+    b = a[::-1].copy()
+    inits = {"as": F32(0.05), "bs": F32(0.1), "cs": F32(0.2)}
+    m = model("QLinearAdd", {"A": a, "B": b}, inits, ["A", "as", "", "B", "bs", "", "cs"])
+    ref = np.clip(np.rint((a * 0.05 + b * 0.1) / 0.2), 0, 255)
+    np.testing.assert_allclose(ours(m, {"A": a, "B": b})[0], ref, atol=1)
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+def test_qlinear_sigmoid(dt):
+    x = all_values(dt).reshape(4, 64)
+    for _ in range(4):
+        s, z = qparams(dt, 2)
+        inits = {"xs": s[0] * 0.2, "xz": z[0], "ys": F32(1 / 256), "yz": z[1]}
+        m = model("QLinearSigmoid", {"X": x}, inits, ["X", "xs", "xz", "ys", "yz"])
+        assert_matches_ort(m, {"X": x})
+    # omitted zero points (onnxruntime crashes on these): against numpy
+    m = model("QLinearSigmoid", {"X": x}, {"xs": F32(0.05), "ys": F32(1 / 256)},
+              ["X", "xs", "", "ys"])
+    info = np.iinfo(dt)
+    sig = scipy.special.expit(x.astype(F32) * F32(0.05)).astype(F32)
+    ref = np.clip(np.rint(sig / F32(1 / 256)), info.min, info.max).astype(dt)
+    np.testing.assert_array_equal(ours(m, {"X": x})[0], ref)
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("shape,channels_last", [
+    ((2, 3, 5, 7), 0), ((2, 5, 7, 3), 1), ((1, 4, 9), 0), ((2, 9, 4), 1), ((1, 3, 2, 2, 2), 0),
+    ((3, 1, 1, 8), 1), ((2, 16, 30, 30), 0), ((1, 30, 30, 16), 1),
+])
+def test_qlinear_global_average_pool(dt, shape, channels_last):
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
+    for _ in range(3):
+        s, z = qparams(dt, 2)
+        inits = {"xs": s[0], "xz": z[0], "ys": s[1], "yz": z[1]}
+        m = model("QLinearGlobalAveragePool", {"X": x}, inits, ["X", "xs", "xz", "ys", "yz"],
+                  channels_last=channels_last)
+        assert_matches_ort(m, {"X": x})
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_qlinear_concat(dt, axis):
+    vals = all_values(dt)
+    shapes = [(2, 3, 4), (2, 3, 4), (2, 3, 4)]
+    feeds, inits = {}, {}
+    ys, yz = qparams(dt, 1)
+    names = ["ys", "yz"]
+    inits["ys"], inits["yz"] = ys[0], yz[0]
+    for i, shp in enumerate(shapes):
+        shp = list(shp)
+        shp[axis] += i  # differ along the concat axis
+        feeds[f"x{i}"] = RNG.choice(vals, shp).astype(dt)
+        s, z = qparams(dt, 1)
+        if i == 2:  # same parameters as Y: a plain copy
+            s, z = ys, yz
+        inits[f"s{i}"], inits[f"z{i}"] = s[0], z[0]
+        names += [f"x{i}", f"s{i}", f"z{i}"]
+    m = model("QLinearConcat", feeds, inits, names, axis=axis)
+    assert_matches_ort(m, feeds)
+
+
+def test_qlinear_concat_exhaustive_and_single():
+    for dt in QTYPES:
+        x = all_values(dt).reshape(1, 256)
+        for _ in range(5):
+            s, z = qparams(dt, 3)
+            inits = {"ys": s[0], "yz": z[0], "s0": s[1], "z0": z[1], "s1": s[2], "z1": z[2]}
+            m = model("QLinearConcat", {"a": x, "b": x[:, ::-1].copy()}, inits,
+                      ["ys", "yz", "a", "s0", "z0", "b", "s1", "z1"], axis=0)
+            assert_matches_ort(m, {"a": x, "b": x[:, ::-1].copy()})
+        m = model("QLinearConcat", {"a": x}, {"ys": s[0], "yz": z[0], "s0": s[1], "z0": z[1]},
+                  ["ys", "yz", "a", "s0", "z0"], axis=1)
+        assert_matches_ort(m, {"a": x})
+
+
+# ------------------------------------------------ com.microsoft QuantizeLinear/DequantizeLinear
+
+QL_AXES = [(None, ()), (None, (1,)), (1, (3,)), (None, (3,)), (-1, (4,)), (0, (2,)), (2, (4,))]
+
+
+@pytest.mark.parametrize("zdt", [np.uint8, np.int8, np.uint16, np.int16])
+@pytest.mark.parametrize("axis,sshape", QL_AXES)
+def test_ms_quantize_dequantize(zdt, axis, sshape):
+    x = (RNG.standard_normal((2, 3, 4)) * 80).astype(F32)
+    x.flat[:4] = [0.5, 1.5, -2.5, 1e9]  # ties and saturation
+    s = RNG.uniform(0.5, 4, sshape).astype(F32)
+    info = np.iinfo(zdt)
+    z = RNG.integers(info.min // 2, info.max // 2 + 1, sshape).astype(zdt)
+    kw = {} if axis is None else {"axis": axis}
+    m = model("QuantizeLinear", {"x": x}, {"s": s, "z": z}, ["x", "s", "z"], **kw)
+    y = assert_matches_ort(m, {"x": x})[0]
+    assert y.dtype == zdt
+    m = model("DequantizeLinear", {"y": y}, {"s": s, "z": z}, ["y", "s", "z"], **kw)
+    assert_matches_ort(m, {"y": y})
+
+
+@pytest.mark.parametrize("zdt", [ml_dtypes.int4, ml_dtypes.uint4])
+@pytest.mark.parametrize("axis,sshape", [(None, ()), (1, (3,)), (0, (2,))])
+def test_ms_quantize_dequantize_int4(zdt, axis, sshape):
+    """onnxruntime's Python API returns no int4 arrays: Q -> DQ in one model, float out."""
+    x = (RNG.standard_normal((2, 3, 4)) * 6).astype(F32)
+    s = RNG.uniform(0.5, 2, sshape).astype(F32)
+    z = np.ones(sshape, zdt)
+    kw = {} if axis is None else {"axis": axis}
+    q = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], domain=MS, **kw)
+    d = helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], domain=MS, **kw)
+    m = make_model([q, d], [tensor_info("x", F32, x.shape)], [tensor_info("y", F32, x.shape)],
+                   initializers={"s": s, "z": z}, extra_opsets={MS: 1})
+    assert_matches_ort(m, {"x": x})
+    m = model("QuantizeLinear", {"x": x}, {"s": s, "z": z}, ["x", "s", "z"], **kw)
+    got = ours(m, {"x": x})[0]
+    assert got.dtype == zdt
+
+
+def test_ms_dequantize_int32_and_defaults():
+    x = np.arange(-5, 5, dtype=np.int32)
+    m = model("DequantizeLinear", {"x": x}, {"s": np.array(F32(2)), "z": np.array(1, np.int32)},
+              ["x", "s", "z"])
+    assert_matches_ort(m, {"x": x})
+    x8 = np.arange(-5, 5, dtype=np.int8)
+    m = model("DequantizeLinear", {"x": x8}, {"s": np.array(F32(2))}, ["x", "s"])
+    assert_matches_ort(m, {"x": x8})
+    xf = np.array([0.5, 1.5, 2.5, -3, 700], F32)
+    m = model("QuantizeLinear", {"x": xf}, {"s": np.array(F32(2))}, ["x", "s"])
+    assert_matches_ort(m, {"x": xf})  # uint8 when the zero point is omitted
+    x16 = (RNG.standard_normal((3, 4)) * 20).astype(np.float16)
+    m = model("QuantizeLinear", {"x": x16}, {"s": np.array([0.5, 1, 2], np.float16),
+                                            "z": np.array([-1, 0, 3], np.int8)},
+              ["x", "s", "z"], axis=0)
+    assert_matches_ort(m, {"x": x16})
