@@ -272,9 +272,9 @@ def test_clip_no_bounds_is_a_copy_and_bfloat16():
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_low_precision_without_plan_time_dtypes(op, dtype):
     """Built without input dtypes, float16/bfloat16 still compute through float32."""
-    from onnxkiln.schema import schema_defaults as _schema_defaults
     from onnxkiln.providers.base import NodeInfo
     from onnxkiln.providers.cpu.registry import REGISTRY
+    from onnxkiln.schema import schema_defaults as _schema_defaults
 
     opset = 18 if op == "Mish" else 21
     info = NodeInfo(

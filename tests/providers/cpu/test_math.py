@@ -422,9 +422,9 @@ def test_erf_int_opset9():
 def test_kernels_without_plan_time_dtypes(op, dtype):
     """Kernels built without input dtypes (unknown at plan time) pick the path per call."""
     from onnxkiln.dtypes import from_numpy
-    from onnxkiln.schema import schema_defaults as _schema_defaults
     from onnxkiln.providers.base import NodeInfo
     from onnxkiln.providers.cpu.registry import REGISTRY
+    from onnxkiln.schema import schema_defaults as _schema_defaults
 
     n = 1 if op == "Erf" else 3 if op == "Sum" else 2
     xs = [np.asarray(rand(F32, (2, 3), 1, 3, seed=i), dtype) for i in range(n)]
