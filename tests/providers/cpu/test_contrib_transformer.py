@@ -279,7 +279,9 @@ def test_range(dt):
 @pytest.mark.parametrize("dt", [F32, F16, np.float64])
 @pytest.mark.parametrize("shape", [(4, 4), (2, 3, 3, 3), (1, 1)])
 def test_inverse(dt, shape):
-    x = (rand(*shape, dtype=np.float64) + 3 * np.eye(shape[-1])).astype(dt)
+    # seeded and diagonally dominant: well conditioned whatever order the tests run in
+    r = np.random.default_rng(7).uniform(-0.5, 0.5, shape)
+    x = (r + 4 * np.eye(shape[-1])).astype(dt)
     tol = 5e-3 if dt == F16 else 1e-5
     assert_matches_ort(ms_model("Inverse", {"x": x}), {"x": x}, tol, tol)
 

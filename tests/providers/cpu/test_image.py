@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxkiln import InferenceSession
+from onnxkiln import InferenceSession, ModelLoadError
 from onnxkiln.testing import assert_matches_ort, node_model
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
@@ -676,7 +676,7 @@ def test_image_decoder_garbage_gives_empty():
 def test_image_decoder_without_pillow(monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)
     stream = np.zeros(4, np.uint8)
-    with pytest.raises(ImportError, match="pip install Pillow"):
+    with pytest.raises(ModelLoadError, match="'ImageDecoder'.*pip install Pillow"):
         ours(node_model("ImageDecoder", {"s": stream}, opset=20), {"s": stream})
 
 
