@@ -139,7 +139,6 @@ def test_if_with_optional_outputs():
 
 # zero-trip scan outputs take the body's declared element shape, which the subgraph runner
 # does not expose yet (SubgraphRunner.output_shapes / output_dtypes: a core change)
-_NEEDS_BODY_SHAPES = pytest.mark.xfail(reason="needs SubgraphRunner.output_shapes", strict=False)
 
 
 def _counter_loop(opset: int, m: str = "M", cond: str = "cond", limit: float = 1e9) -> str:
@@ -170,7 +169,7 @@ def _counter_loop(opset: int, m: str = "M", cond: str = "cond", limit: float = 1
         ("", "cond", None, True, 4.0),    # while loop
         ("M", "cond", 6, True, 1e9),      # both, M binds
         ("M", "cond", 6, True, 3.0),      # both, cond binds
-        pytest.param("M", "cond", 6, False, 1e9, marks=_NEEDS_BODY_SHAPES),  # zero trips
+        pytest.param("M", "cond", 6, False, 1e9, marks=()),  # zero trips
         ("", "", None, None, 3.0),        # neither: only the body's cond stops it
         ("M", "", 1, None, -5.0),         # body cond false after the first trip
     ],
@@ -208,7 +207,6 @@ def test_zero_trip_loop_returns_initial_values_and_empty_scan_outputs(trips):
     assert its.shape == (0,) and its.dtype == np.int64
 
 
-@_NEEDS_BODY_SHAPES
 def test_zero_trip_loop_scan_output_has_the_body_element_shape():
     model = _model(_counter_loop(13))
     feeds = {"M": np.array(0, np.int64), "cond": np.array(True), "v0": X2}
