@@ -13,6 +13,7 @@ __all__ = [
     "KernelError",
     "MemoryLimitError",
     "ModelLoadError",
+    "RunCancelledError",
     "SequenceOutputError",
     "SessionError",
     "ShapeError",
@@ -90,3 +91,25 @@ class KernelError(SessionError):
         super().__init__(message)
         self.node_name = node_name
         self.op_type = op_type
+
+
+class RunCancelledError(SessionError):
+    """A run stopped because its cancel event was set (`run(..., cancel=event)`).
+
+    The check happens before each step and before each subgraph body run (each Loop
+    iteration), so a run stops at the next node boundary; a kernel already running
+    finishes first. `node_name`, `op_type` and `graph` say where it stopped ("" when
+    it stopped before the first node).
+
+    Example:
+        >>> stop = threading.Event()
+        >>> threading.Timer(1.0, stop.set).start()
+        >>> session.run(feeds, cancel=stop)  # raises RunCancelledError after ~1 s
+    """
+
+    def __init__(self, message: str, *, node_name: str = "", op_type: str = "",
+                 graph: str = "") -> None:
+        super().__init__(message)
+        self.node_name = node_name
+        self.op_type = op_type
+        self.graph = graph

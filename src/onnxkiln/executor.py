@@ -1,25 +1,41 @@
 """Runs a Plan. The plan is compiled to straight-line Python: one local per value,
 kernels and constants bound as globals, a `del` after each value's last use. The
 hot path therefore does no dict lookups by name, no loop and no slot indexing.
-A second generated function wraps each step in hook calls (tracing, memory limits);
-subgraph bodies take the traced one when the run in progress on their thread is traced.
+A second generated function wraps each step in hook calls (tracing, memory limits,
+cancellation); subgraph bodies take it when the run in progress on their thread is
+traced or cancellable.
+
+Every exception a run lets out is a `SessionError`: a kernel's exception becomes a
+`KernelError` naming the node (the original chained), out-of-memory and recursion
+errors included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from onnxkiln.dtypes import DataType
-from onnxkiln.errors import KernelError, SessionError
+from onnxkiln.errors import KernelError, RunCancelledError, SessionError
 from onnxkiln.plan import Plan, Step
 from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
 
-__all__ = ["CompiledPlan", "HookPair", "SubgraphRunner"]
+__all__ = [
+    "CancelHook",
+    "CompiledPlan",
+    "HookPair",
+    "SubgraphRunner",
+    "cancel_scope",
+    "cancelled",
+    "combine_hooks",
+]
 
 _counter = itertools.count()
+_state = threading.local()  # .cancel: the cancel event of the run in progress on this thread
 
 
 class CompiledPlan:
@@ -53,10 +69,7 @@ class CompiledPlan:
         except SessionError:
             raise
         except Exception as e:
-            error = self._kernel_error(e)
-            if error is e:
-                raise
-            raise error from e
+            raise self._kernel_error(e) from e
 
     def hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
         """Run with `hooks.start`/`hooks.finish` around every step."""
@@ -65,10 +78,7 @@ class CompiledPlan:
         except SessionError:
             raise
         except Exception as e:
-            error = self._kernel_error(e)
-            if error is e:
-                raise
-            raise error from e
+            raise self._kernel_error(e) from e
 
     def traced(self, inputs: Sequence[Any], ctx: TraceContext, graph: str = "main") -> list[Any]:
         """Run with one span per step into `ctx` (call inside `ctx.run_span()`)."""
@@ -81,16 +91,25 @@ class CompiledPlan:
             meta = self._trace_meta[graph] = step_meta(self.plan.steps, graph)
         return StepTracer(ctx, meta)
 
-    def _kernel_error(self, e: Exception) -> Exception:
+    def _kernel_error(self, e: Exception) -> SessionError:
         step = self._failed_step(e)
         if step is None:
-            return e
-        return KernelError(
-            f"node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type} opset "
-            f"{step.opset}, node id {step.node_id}) failed: {type(e).__name__}: {e}",
-            node_name=step.name,
-            op_type=step.op_type,
-        )
+            return SessionError(
+                f"run failed outside any node: {type(e).__name__}: {e} (a bug in onnxkiln; "
+                "please report it with the model)"
+            )
+        where = (f"node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type} opset "
+                 f"{step.opset}, node id {step.node_id})")
+        if isinstance(e, MemoryError):
+            message = (f"{where} ran out of memory: {type(e).__name__}: {e}. Use smaller "
+                       "inputs, or set memory_limit(...) on the builder to stop runs that "
+                       "cannot fit with MemoryLimitError")
+        elif isinstance(e, RecursionError):
+            message = (f"{where} exceeded Python's recursion limit ({e}): the model nests "
+                       "subgraphs or sequences too deeply to run")
+        else:
+            message = f"{where} failed: {type(e).__name__}: {e}"
+        return KernelError(message, node_name=step.name, op_type=step.op_type)
 
     def _failed_step(self, error: BaseException) -> Step | None:
         for frame, lineno in traceback.walk_tb(error.__traceback__):
@@ -108,9 +127,13 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
             return "None"
         return f"c{slot}" if slot in plan.constants else f"v{slot}"
 
+    # a single-output kernel writes only its node's first output; extra unused outputs of
+    # the node (the plan refuses used ones) are never bound, so there is nothing to delete
+    unwritten = {s for step in plan.steps if not step.spec.multi_output
+                 for s in step.outputs[1:] if s is not None}
     dead_at: dict[int, list[int]] = {}
     for s, last in plan.last_use.items():
-        if s not in plan.constants:
+        if s not in plan.constants and s not in unwritten:
             dead_at.setdefault(last, []).append(s)
     lines: list[str] = []
     line_steps: dict[int, int] = {}
@@ -131,7 +154,8 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
         dels(-1)
         for i, step in enumerate(plan.steps):
             args = ", ".join(ref(s) for s in step.inputs)
-            outs = [s for s in step.outputs if s is not None]
+            written = step.outputs if step.spec.multi_output else step.outputs[:1]
+            outs = [s for s in written if s is not None]
             if hooked:
                 emit(f"_h = h.start({i})")
             if step.spec.multi_output:
@@ -149,6 +173,58 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
             dels(i)
         emit(f"return [{', '.join(ref(s) for s in plan.output_slots)}]")
     return "\n".join(lines) + "\n", line_steps
+
+
+class CancelHook:
+    """Step hooks that stop a run before the next step once `event` is set."""
+
+    __slots__ = ("_event", "_graph", "_steps")
+
+    def __init__(self, event: Any, plan: Plan, graph: str = "main") -> None:
+        self._event = event
+        self._steps = plan.steps
+        self._graph = graph
+
+    def start(self, index: int) -> None:
+        if self._event.is_set():
+            raise cancelled(self._graph, self._steps[index])
+
+    def finish(self, token: Any, ins: tuple, outs: tuple) -> None:
+        pass
+
+
+def cancelled(graph: str, step: Step | None = None) -> RunCancelledError:
+    """The error a cancelled run raises, naming where it stopped."""
+    if step is None:
+        where = f"before running {'graph' if graph == 'main' else 'subgraph'} '{graph}'"
+        return RunCancelledError(f"run cancelled {where}: the cancel event was set",
+                                 graph=graph)
+    where = (f"before node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type}, "
+             f"node id {step.node_id}) in graph '{graph}'")
+    return RunCancelledError(f"run cancelled {where}: the cancel event was set",
+                             node_name=step.name, op_type=step.op_type, graph=graph)
+
+
+@contextlib.contextmanager
+def cancel_scope(event: Any) -> Iterator[None]:
+    """Make `event` the cancel event of this thread's run, so subgraph bodies check it."""
+    previous = getattr(_state, "cancel", None)
+    _state.cancel = event
+    try:
+        yield
+    finally:
+        _state.cancel = previous
+
+
+def combine_hooks(*hooks: Any) -> Any:
+    """One hooks object running the given ones (None entries skipped) in order."""
+    present = [h for h in hooks if h is not None]
+    if not present:
+        return None
+    combined = present[-1]
+    for h in reversed(present[:-1]):
+        combined = HookPair(h, combined)
+    return combined
 
 
 class HookPair:
@@ -186,6 +262,11 @@ class SubgraphRunner:
 
     def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
         """Run the body on its formal inputs plus the captured outer values."""
+        if len(inputs) != len(self.input_names):  # a kernel error naming the calling node
+            raise ValueError(
+                f"subgraph '{self.label}' declares {len(self.input_names)} input(s) "
+                f"{list(self.input_names)} but its node passes {len(inputs)}"
+            )
         signature = tuple(_signature(v) for v in inputs)
         if signature not in self._seen:
             self._seen.add(signature)
@@ -193,9 +274,17 @@ class SubgraphRunner:
         self._stats.runs += 1
         values = [*inputs, *(captured[i] for i in self._index)]
         ctx = active_context()
-        if ctx is None:
-            return self._compiled(values)
-        return self._compiled.traced(values, ctx, self.label)
+        cancel = getattr(_state, "cancel", None)
+        if cancel is None:
+            if ctx is None:
+                return self._compiled(values)
+            return self._compiled.traced(values, ctx, self.label)
+        if cancel.is_set():  # checked per body run: a Loop with an empty body still stops
+            raise cancelled(self.label)
+        hooks = CancelHook(cancel, self._compiled.plan, self.label)
+        if ctx is not None:
+            hooks = HookPair(hooks, self._compiled.tracer(ctx, self.label))
+        return self._compiled.hooked(values, hooks)
 
 
 def _declared_dtype(value) -> DataType | None:

@@ -1,13 +1,15 @@
 """Model bytes or paths -> a checked, topologically sorted `onnx_ir.Model`.
 
 Checks made here, each failing with `ModelLoadError` naming the problem: the
-protobuf parses and has a graph; external data stays inside the model's folder
-and its files hold the bytes the tensors claim; every node input is defined;
-the graph has no cycle; every opset a node uses is imported.
+protobuf parses and has a graph; subgraphs nest at most `MAX_SUBGRAPH_DEPTH` levels;
+external data stays inside the model's folder and its files hold the bytes the
+tensors claim; every node input is defined; the graph has no cycle; every opset a
+node uses is imported.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -15,14 +17,25 @@ from pathlib import Path
 
 import onnx
 import onnx_ir as ir
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 from onnx_ir.passes.common import InlinePass
 
 from onnxkiln.errors import ModelLoadError
 
-__all__ = ["MAP_TYPES", "from_graph", "load_bytes", "load_path", "map_io_kind"]
+__all__ = [
+    "MAP_TYPES",
+    "MAX_SUBGRAPH_DEPTH",
+    "from_graph",
+    "load_bytes",
+    "load_path",
+    "map_io_kind",
+]
 
 MAP_TYPES = "onnxkiln.map_types"  # model.meta key: value name -> TypeProto holding a map
+# Graph attributes (If/Loop/Scan bodies) inside graph attributes: each level costs Python
+# stack frames at load, plan build and run, so hostile nesting must stop before recursion.
+MAX_SUBGRAPH_DEPTH = 64
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +68,11 @@ def load_bytes(
     try:
         proto.ParseFromString(bytes(data))
     except (DecodeError, ValueError, RuntimeError) as e:
-        raise ModelLoadError(f"{source}: not a valid ONNX protobuf ({e})") from e
+        hint = ""
+        if "MaxDepth" in str(e) or "recursion" in str(e).lower():
+            hint = ("; its messages nest deeper than protobuf's parse limit (100 levels, about "
+                    "30 levels of nested subgraphs)")
+        raise ModelLoadError(f"{source}: not a valid ONNX protobuf ({e}){hint}") from e
     base = Path(external_data_dir).resolve() if external_data_dir is not None else None
     return _from_proto(proto, base, source)
 
@@ -82,7 +99,12 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Mo
         raise ModelLoadError(f"{source}: the model has no graph (is this an ONNX file?)")
     if not proto.opset_import and proto.ir_version >= 3:
         raise ModelLoadError(f"{source}: the model imports no opset")
+    _check_depth(proto, source)
+    _check_text(proto, source)
     for tensor in _all_tensors(proto):
+        if any(d < 0 for d in tensor.dims):  # numpy would read one negative dim as "infer"
+            raise ModelLoadError(
+                f"{source}: tensor '{tensor.name}' has negative dims {list(tensor.dims)}")
         _check_external(tensor, base, source)
     _sort_graph(proto.graph, set(), source)
     for func in proto.functions:
@@ -96,9 +118,69 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Mo
     if base is not None:
         ir.external_data.set_base_dir(model.graph, base)
     if model.functions:
-        InlinePass()(model)
+        try:
+            InlinePass()(model)
+        except Exception as e:  # recursive functions, call sites not matching the signature
+            raise ModelLoadError(
+                f"{source}: cannot inline the model-local functions: {type(e).__name__}: {e}"
+            ) from e
     _check_opsets(model, source)
     return model
+
+
+def _check_depth(proto: onnx.ModelProto, source: str) -> None:
+    """Refuse subgraphs nested deeper than MAX_SUBGRAPH_DEPTH (iteratively: no recursion)."""
+    pending: list[tuple[onnx.GraphProto, int]] = [(proto.graph, 0)]
+    pending.extend((g, 1) for f in proto.functions for n in f.node
+                   for a in n.attribute for g in ([a.g] if a.HasField("g") else a.graphs))
+    while pending:
+        graph, depth = pending.pop()
+        for node in graph.node:
+            for a in node.attribute:
+                for sub in [a.g] if a.HasField("g") else a.graphs:
+                    if depth + 1 > MAX_SUBGRAPH_DEPTH:
+                        raise ModelLoadError(
+                            f"{source}: subgraphs nest more than {MAX_SUBGRAPH_DEPTH} levels "
+                            f"deep (attribute '{a.name}' of node {_node_label(node)} in graph "
+                            f"'{graph.name}' is at depth {depth + 1}); flatten the control flow"
+                        )
+                    pending.append((sub, depth + 1))
+
+
+def _check_text(proto: onnx.ModelProto, source: str) -> None:
+    """Every string field is UTF-8: protobuf hands back bytes for proto2 strings that are
+    not, and names must be text. Reads only string and message fields (reading a bytes
+    field such as raw_data would copy the weights)."""
+    pending: list[Message] = [proto]
+    while pending:
+        msg = pending.pop()
+        strings, messages = _text_fields(msg.DESCRIPTOR)
+        for name, repeated in strings:
+            for text in getattr(msg, name) if repeated else (getattr(msg, name),):
+                if not isinstance(text, str):
+                    raise ModelLoadError(
+                        f"{source}: field '{msg.DESCRIPTOR.name}.{name}' holds "
+                        f"{bytes(text)[:40]!r}, which is not UTF-8 text"
+                    )
+        for name, repeated in messages:
+            if repeated:
+                pending.extend(getattr(msg, name))
+            elif msg.HasField(name):
+                pending.append(getattr(msg, name))
+
+
+@functools.cache
+def _text_fields(descriptor: Descriptor) -> tuple[tuple[tuple[str, bool], ...], ...]:
+    """(string fields, message fields) of a message type as (name, repeated) pairs."""
+    strings, messages = [], []
+    for field in descriptor.fields:
+        flag = getattr(field, "is_repeated", None)  # protobuf >= 6; `label` went away in 7
+        repeated = bool(flag) if flag is not None else field.label == field.LABEL_REPEATED
+        if field.type == FieldDescriptor.TYPE_STRING:
+            strings.append((field.name, repeated))
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            messages.append((field.name, repeated))
+    return tuple(strings), tuple(messages)
 
 
 def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -162,6 +244,11 @@ def _check_external(tensor: onnx.TensorProto, base: Path | None, source: str) ->
 
 def _sort_graph(graph: onnx.GraphProto, outer: set[str], source: str) -> None:
     """Topologically sort `graph.node` in place; undefined inputs and cycles are errors."""
+    if graph.sparse_initializer:  # onnx_ir drops them: their users would read nothing
+        raise ModelLoadError(
+            f"{source}: sparse initializer '{graph.sparse_initializer[0].values.name}' in graph "
+            f"'{graph.name}' is not supported; store it as a dense initializer"
+        )
     known = set(outer)
     known.update(i.name for i in graph.input)
     known.update(t.name for t in graph.initializer)
@@ -225,6 +312,7 @@ def _implicit_inputs(node: onnx.NodeProto) -> Iterator[str]:
             for n in sub.node:
                 yield from (x for x in n.input if x and x not in inner)
                 yield from (x for x in _implicit_inputs(n) if x not in inner)
+            yield from (o.name for o in sub.output if o.name and o.name not in inner)
 
 
 def _kahn(deps: list[set[int]]) -> list[int] | None:
@@ -260,6 +348,12 @@ def _check_function_defined(func: onnx.FunctionProto, source: str) -> None:
 
 def _check_opsets(model: ir.Model, source: str) -> None:
     opsets = model.opset_imports
+    for domain, version in opsets.items():
+        if not 0 <= version < 1 << 31:
+            raise ModelLoadError(
+                f"{source}: opset import '{domain or 'ai.onnx'}' has version {version}; "
+                "versions are between 1 and 2^31 - 1"
+            )
     for node in model.graph.all_nodes():
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain not in opsets and not (domain == "" and "ai.onnx" in opsets):

@@ -185,10 +185,17 @@ class ShapeOracle:
 
     def __init__(self, model: ir.Model, plan: Plan) -> None:
         self._plan = plan
-        self._proto = _skeleton(model)
+        self._proto: onnx.ModelProto | None = _skeleton(model)
+        try:  # onnx's C++ shape inference can crash the process on a malformed node (a
+            onnx.checker.check_model(self._proto)  # missing required input); the checker
+        except Exception:  # refuses those, and then only the run-time checks apply
+            self._proto = None
 
     def sizes(self, signature: Sequence[Hashable]) -> dict[int, int | None]:
         """Bytes per slot of `plan` for this input signature (None: not inferable)."""
+        if self._proto is None:
+            return {s: None if shape is None else math.prod(shape) * np.dtype(dtype).itemsize
+                    for s, (dtype, shape) in zip(self._plan.input_slots, signature)}
         proto = onnx.ModelProto()
         proto.CopyFrom(self._proto)
         shapes = dict(zip((v.name for v in proto.graph.input), _input_shapes(signature)))

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import ModelLoadError, UnsupportedOpError
+from onnxkiln.loader import MAX_SUBGRAPH_DEPTH
 from onnxkiln.providers.base import (
     ControlFlowCounter,
     KernelRegistry,
@@ -69,7 +70,7 @@ def build_plan(
         tuple(registries),
         stats if stats is not None else ControlFlowCounter(),
     )
-    plan = _graph_plan(model.graph, ctx, ())
+    plan = _graph_plan(model.graph, ctx, (), 0)
     if ctx.missing:
         asked = ", ".join(r.provider for r in registries)
         raise UnsupportedOpError(
@@ -87,8 +88,13 @@ class _Context:
     missing: list[str] = field(default_factory=list)
 
 
-def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value]) -> Plan:
+def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], depth: int) -> Plan:
     """Plan one graph; `captures` are outer-scope values appended after its inputs."""
+    if depth > MAX_SUBGRAPH_DEPTH:
+        raise ModelLoadError(
+            f"subgraphs nest more than {MAX_SUBGRAPH_DEPTH} levels deep (graph "
+            f"'{graph.name}' is at depth {depth}); flatten the control flow"
+        )
     slots: dict[ir.Value, int] = {}
     names: list[str] = []
 
@@ -115,7 +121,7 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value]) ->
         domain = normalize_domain(node.domain)
         opset = ctx.opsets.get(domain, 1)
         spec, provider = _resolve(ctx.registries, domain, node.op_type, opset)
-        subgraphs, captured = _subgraphs(node, ctx)
+        subgraphs, captured = _subgraphs(node, ctx, depth)
         if spec is None:
             ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
             continue
@@ -124,7 +130,7 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value]) ->
         out_slots = tuple(None if (v is None or not v.name) else slot_of(v) for v in node.outputs)
         info = _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs)
         kernel = _build_kernel(spec, info)
-        if node.op_type == "Constant" and domain == "" and out_slots[0] is not None:
+        if node.op_type == "Constant" and domain == "" and out_slots and out_slots[0] is not None:
             constants[out_slots[0]] = _run_constant(kernel, info)
             external.add(out_slots[0])
             continue
@@ -145,12 +151,12 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value]) ->
     for s in (*output_slots, *constants):
         last_use.pop(s, None)
     if not ctx.missing:
-        _check_outputs_defined(graph, output_slots, steps, input_slots, constants)
+        _check_dataflow(steps, names, input_slots, constants, output_slots)
     return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
                 [s in external for s in output_slots])
 
 
-def _subgraphs(node: ir.Node, ctx: _Context) -> tuple[dict[str, Any], list[ir.Value]]:
+def _subgraphs(node: ir.Node, ctx: _Context, depth: int) -> tuple[dict[str, Any], list[ir.Value]]:
     """Compile each graph attribute of `node`; return runners and the union of captures."""
     graphs = {
         name: attr.value
@@ -168,7 +174,7 @@ def _subgraphs(node: ir.Node, ctx: _Context) -> tuple[dict[str, Any], list[ir.Va
 
     runners = {}
     for name, g in graphs.items():
-        plan = _graph_plan(g, ctx, per_graph[name])
+        plan = _graph_plan(g, ctx, per_graph[name], depth + 1)
         if ctx.missing:
             continue
         index = tuple(captured.index(v) for v in per_graph[name])
@@ -270,15 +276,19 @@ def _shape(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
 def _build_kernel(spec: KernelSpec, info: NodeInfo) -> Callable[..., Any]:
     try:
         return spec.build(info)
-    except (ValueError, TypeError, KeyError, NotImplementedError, IndexError) as e:
-        raise ModelLoadError(f"node {info.describe()}: {e}") from e
+    except ModelLoadError:
+        raise
+    except Exception as e:  # a factory rejecting the node's attributes or inputs
+        raise ModelLoadError(f"node {info.describe()}: {type(e).__name__}: {e}") from e
 
 
 def _run_constant(kernel: Callable[..., Any], info: NodeInfo) -> Any:
     try:
         return kernel()
-    except (ValueError, TypeError, KeyError, NotImplementedError) as e:
-        raise ModelLoadError(f"node {info.describe()}: {e}") from e
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"node {info.describe()}: {type(e).__name__}: {e}") from e
 
 
 def _tensor_value(value: ir.Value, name: str) -> np.ndarray:
@@ -297,7 +307,13 @@ def _tensor_value(value: ir.Value, name: str) -> np.ndarray:
 def _attributes(node: ir.Node, domain: str, opset: int) -> dict[str, Any]:
     attrs = dict(schema_defaults(node.op_type, domain, opset))
     for name, attr in node.attributes.items():
-        attrs[name] = _attr_value(attr)
+        try:
+            attrs[name] = _attr_value(attr)
+        except Exception as e:  # a tensor attribute whose data does not match its dims/type
+            raise ModelLoadError(
+                f"node '{node.name or '<unnamed>'}' ({domain or 'ai.onnx'}::{node.op_type}): "
+                f"attribute '{name}' cannot be read: {type(e).__name__}: {e}"
+            ) from e
     return attrs
 
 
@@ -314,9 +330,32 @@ def _attr_value(attr: ir.Attr) -> Any:
     return v
 
 
-def _check_outputs_defined(graph, output_slots, steps, input_slots, constants) -> None:
-    produced = {s for step in steps for s in step.outputs if s is not None}
-    produced |= set(input_slots) | set(constants)
-    for value, s in zip(graph.outputs, output_slots):
-        if s not in produced:
-            raise ModelLoadError(f"graph output '{value.name}' is never produced")
+def _check_dataflow(steps: list[Step], names: list[str], input_slots: list[int],
+                    constants: dict[int, Any], output_slots: list[int]) -> None:
+    """Every value a step or the graph output reads is written before: a single-output
+    kernel writes only its node's first output, so a used extra output is an error."""
+    defined = set(input_slots) | set(constants)
+    unwritten: dict[int, Step] = {}
+    for step in steps:
+        for s in step.inputs:
+            if s is not None and s not in defined:
+                raise ModelLoadError(
+                    f"node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type}) reads "
+                    f"'{names[s]}', {_never_written(s, unwritten)}")
+        written = step.outputs if step.spec.multi_output else step.outputs[:1]
+        defined.update(s for s in written if s is not None)
+        unwritten.update((s, step) for s in step.outputs[len(written):] if s is not None)
+    for s in output_slots:
+        if s not in defined:
+            raise ModelLoadError(f"graph output '{names[s]}' is never produced: "
+                                 f"{_never_written(s, unwritten)}")
+
+
+def _never_written(slot: int, unwritten: dict[int, Step]) -> str:
+    step = unwritten.get(slot)
+    if step is None:
+        return "which nothing produces before it (undefined, or a cycle through a subgraph)"
+    index = step.outputs.index(slot)
+    return (f"output {index} of node '{step.name}' ({step.domain or 'ai.onnx'}::"
+            f"{step.op_type}), which its kernel does not produce (it has one output); "
+            "remove the extra output")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +21,7 @@ from onnxkiln.errors import (
     InvalidOptionError,
     SequenceOutputError,
 )
-from onnxkiln.executor import CompiledPlan, HookPair
+from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
 from onnxkiln.memory import MemoryPlan, MemoryTracker, ShapeOracle, simulate
 from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
 from onnxkiln.partition import KNOWN_PROVIDERS, Placement, select_providers
@@ -41,6 +43,7 @@ from onnxkiln.validation import InputValidator
 
 __all__ = ["InferenceSession", "SessionBuilder"]
 
+logger = logging.getLogger(__name__)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -199,9 +202,19 @@ class InferenceSession:
         return SessionBuilder()
 
     # running ----------------------------------------------------------------
-    def run(self, inputs: Any) -> list[np.ndarray]:
-        """Run on named inputs; returns numpy arrays in graph-output order."""
-        values = self._run(inputs)
+    def run(self, inputs: Any, *, cancel: threading.Event | None = None) -> list[np.ndarray]:
+        """Run on named inputs; returns numpy arrays in graph-output order.
+
+        `cancel`: an event (anything with `is_set()`) another thread may set to stop the
+        run before its next node or Loop iteration with `RunCancelledError`; a kernel
+        already running finishes first. Without it the run has no per-node check.
+
+        Example:
+            >>> stop = threading.Event()
+            >>> threading.Timer(5.0, stop.set).start()  # give up after 5 s
+            >>> y, = session.run({"x": x}, cancel=stop)
+        """
+        values = self._run(inputs, cancel=cancel)
         for meta, value in zip(self._outputs, values):
             if not isinstance(value, np.ndarray):
                 raise SequenceOutputError(
@@ -209,19 +222,25 @@ class InferenceSession:
                 )
         return values
 
-    def run_outputs(self, inputs: Any) -> list[SessionOutput]:
-        """Run and keep each output's kind (tensor, sequence, map, optional)."""
+    def run_outputs(
+        self, inputs: Any, *, cancel: threading.Event | None = None
+    ) -> list[SessionOutput]:
+        """Run and keep each output's kind (tensor, sequence, map, optional); `cancel` as
+        in `run`."""
         return [
             SessionOutput(meta.name, _kind(value), value)
-            for meta, value in zip(self._outputs, self._run(inputs))
+            for meta, value in zip(self._outputs, self._run(inputs, cancel=cancel))
         ]
 
-    def _run(self, inputs: Any, trace: bool = True) -> list[Any]:
+    def _run(self, inputs: Any, trace: bool = True, cancel: Any = None) -> list[Any]:
+        if cancel is not None:
+            _check_cancel(cancel)
         values, signature = self._validator.bind(inputs)
         self._cache.get(signature)
         with thread_limit(self._threads):
-            if (trace and self._trace.enabled) or self._memory_limit is not None:
-                outputs = self._run_hooked(values, self._trace if trace else None)
+            if ((trace and self._trace.enabled) or self._memory_limit is not None
+                    or cancel is not None):
+                outputs = self._run_hooked(values, self._trace if trace else None, cancel)
             else:
                 outputs = self._compiled(values)
         for i, value in enumerate(outputs):
@@ -235,17 +254,23 @@ class InferenceSession:
                 outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
         return outputs
 
-    def _run_hooked(self, values: list[Any], ctx: TraceContext | None) -> list[Any]:
+    def _run_hooked(self, values: list[Any], ctx: TraceContext | None,
+                    cancel: Any = None) -> list[Any]:
         tracker = None
         if self._memory_plan is not None and self._memory_limit is not None:
             tracker = MemoryTracker(self._memory_plan, self._memory_limit, values)
-        if ctx is None or not ctx.enabled:
-            outputs = self._compiled.hooked(values, tracker)
-        else:
-            with ctx.run_span("model_run", graph=self._model.graph.name or "main"):
-                hooks = self._compiled.tracer(ctx)
-                outputs = self._compiled.hooked(
-                    values, hooks if tracker is None else HookPair(hooks, tracker))
+        stop = None
+        if cancel is not None:
+            if cancel.is_set():
+                raise cancelled("main")
+            stop = CancelHook(cancel, self._plan)
+        with cancel_scope(cancel):
+            if ctx is None or not ctx.enabled:
+                outputs = self._compiled.hooked(values, combine_hooks(stop, tracker))
+            else:
+                with ctx.run_span("model_run", graph=self._model.graph.name or "main"):
+                    hooks = combine_hooks(stop, self._compiled.tracer(ctx), tracker)
+                    outputs = self._compiled.hooked(values, hooks)
         if tracker is not None:
             self._last_peak = tracker.peak
         return outputs
@@ -253,9 +278,13 @@ class InferenceSession:
     def _specialize(self, signature: Any) -> Specialization:
         if self._memory_plan is None or self._memory_limit is None:
             return Specialization(signature)
-        if self._shape_oracle is None:
-            self._shape_oracle = ShapeOracle(self._model, self._plan)
-        sizes = self._shape_oracle.sizes(signature)
+        try:
+            if self._shape_oracle is None:
+                self._shape_oracle = ShapeOracle(self._model, self._plan)
+            sizes = self._shape_oracle.sizes(signature)
+        except Exception:  # the prediction is advisory: each step is still checked as it runs
+            logger.debug("shape inference for the memory plan failed", exc_info=True)
+            sizes = {}
         return Specialization(signature, simulate(self._memory_plan, sizes, self._memory_limit))
 
     def warmup(self, shapes: Sequence[WarmupShape]) -> None:
@@ -337,6 +366,13 @@ class InferenceSession:
     def control_flow_stats(self) -> ControlFlowStats:
         """If/Loop/Scan bodies: specialisations built (per input signature) and runs."""
         return ControlFlowStats(self._control_flow.builds, self._control_flow.runs)
+
+
+def _check_cancel(cancel: Any) -> None:
+    if not callable(getattr(cancel, "is_set", None)):
+        raise InvalidInputError(
+            f"cancel takes a threading.Event (anything with is_set()), got {type(cancel).__name__}"
+        )
 
 
 def _check_trace(ctx: Any) -> TraceContext:

@@ -1,0 +1,391 @@
+"""InferenceSession with onnxruntime's Python API, over onnxkiln.InferenceSession."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxkiln.compat import _providers
+from onnxkiln.compat._iobinding import IOBinding
+from onnxkiln.compat._model import ModelInfo, needed_nodes, prune
+from onnxkiln.compat._options import (
+    OPTIMIZATION,
+    GraphOptimizationLevel,
+    RunOptions,
+    SessionOptions,
+    copy_options,
+    effective_severity,
+    log_threshold,
+)
+from onnxkiln.compat._values import ModelMetadata, NodeArg, OrtValue
+from onnxkiln.errors import (
+    InputNotFoundError,
+    InvalidInputError,
+    InvalidOptionError,
+    ModelLoadError,
+    RunCancelledError,
+)
+from onnxkiln.options import KNOWN_OPTIONS
+from onnxkiln.session import InferenceSession as _Session
+from onnxkiln.session import SessionBuilder
+from onnxkiln.trace import TraceContext
+from onnxkiln.types import DeviceType
+
+__all__ = ["InferenceSession"]
+
+logger = logging.getLogger(__name__)
+_MAX_SUBSETS = 16  # pruned sessions kept per InferenceSession (least recently used dropped)
+
+
+class InferenceSession:
+    """onnxruntime's `InferenceSession` over onnxkiln: code written for onnxruntime runs
+    after `import onnxkiln.compat as ort` (or `as rt`).
+
+    `path_or_bytes` is a model path or its serialized bytes. `providers` takes
+    onnxruntime's names (strings or `(name, options)` tuples): CPUExecutionProvider runs
+    on onnxkiln's CPU provider; CUDAExecutionProvider asks for onnxkiln's CUDA provider,
+    which falls back to the CPU with a warning when it cannot run; other onnxruntime
+    providers are skipped with a warning, and unknown names raise. `providers=None` uses
+    `get_available_providers()`. Extra keyword arguments onnxruntime accepts
+    (`enable_fallback`, `disabled_optimizers`, ...) are accepted and ignored.
+
+    Errors are onnxkiln's (`onnxkiln.SessionError` subclasses, all RuntimeErrors): a bad
+    model raises ModelLoadError, an unknown input name InputNotFoundError (also a
+    KeyError), a missing required input, bad dtype or unknown output name
+    InvalidInputError (also a ValueError), a bad rank or dim ShapeError. onnxruntime
+    raises its own classes there (InvalidArgument, Fail, NoSuchFile...), which are not
+    importable from here; catch RuntimeError or the onnxkiln classes.
+
+    Example:
+        >>> import onnxkiln.compat as rt
+        >>> sess = rt.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
+        >>> name = sess.get_inputs()[0].name
+        >>> label, = sess.run([sess.get_outputs()[0].name], {name: X})
+    """
+
+    def __init__(
+        self,
+        path_or_bytes: str | bytes | os.PathLike,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(path_or_bytes, str | os.PathLike):
+            self._path: Path | None = Path(os.fspath(path_or_bytes))
+            self._bytes: bytes | None = None
+        elif isinstance(path_or_bytes, bytes | bytearray | memoryview):
+            self._path, self._bytes = None, bytes(path_or_bytes)
+        else:
+            raise ModelLoadError(
+                f"Unable to load from type '{type(path_or_bytes)}': give a model path "
+                "(str or os.PathLike) or the serialized model bytes")
+        self._options = copy_options(sess_options)
+        self._fallback = bool(int(kwargs.get("enable_fallback", 1)))
+        self._severity = effective_severity(self._options.log_severity_level)
+        self._lock = threading.Lock()
+        self._trace = TraceContext.disabled()
+        self._profile_path = ""
+        self._profile_start_ns = 0
+        self._finalizer: weakref.finalize | None = None
+        if self._options.enable_profiling:
+            self._start_profiling()
+        self._configure(providers, provider_options)
+
+    # construction -------------------------------------------------------------------
+    def _configure(self, providers: Any, provider_options: Any) -> None:
+        names, options = _providers.normalize_providers(providers, provider_options)
+        kiln = _providers.to_onnxkiln(names, options)
+        builder = self._builder(kiln, main=True)
+        with log_threshold(self._severity):
+            if self._path is not None:
+                session = builder.load(self._path)
+            else:
+                session = builder.load_bytes(self._bytes or b"")
+        proto = self._proto()
+        info = ModelInfo.read(proto, session.inputs(), session.outputs())
+        del proto
+        with self._lock:
+            self._main = session
+            self._kiln_providers = kiln
+            self._info = info
+            self._subsets: OrderedDict[frozenset[str], tuple[_Session, dict[str, int]]] = (
+                OrderedDict())
+            self._output_index = {a.name: i for i, a in enumerate(info.outputs)}
+            self._input_names = {a.name for a in (*info.inputs, *info.overridable)}
+            on_cuda = session.device_id().type is DeviceType.CUDA
+            used = [(n, o) for n, o in zip(names, options)
+                    if n == _providers.CPU or (n == _providers.CUDA and on_cuda)]
+            self._providers = [n for n, _ in used]
+            self._provider_options = {n: dict(o) for n, o in used}
+
+    def _builder(self, providers: list[str], main: bool) -> SessionBuilder:
+        so = self._options
+        b = _Session.builder().providers(providers)
+        try:
+            level = GraphOptimizationLevel(so.graph_optimization_level)
+        except ValueError:
+            raise InvalidOptionError(
+                f"graph_optimization_level must be a GraphOptimizationLevel, got "
+                f"{so.graph_optimization_level!r}") from None
+        b.optimization(OPTIMIZATION[level])
+        threads = so.intra_op_num_threads
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise InvalidOptionError(
+                f"intra_op_num_threads must be an int (0 = default), got {threads!r}")
+        if threads > 0:  # 0 and below: the default, as onnxruntime reads them
+            b.intra_op_threads(threads)
+        for key, value in so.config_entries().items():
+            if key in KNOWN_OPTIONS:
+                b.option(key, value)
+            else:
+                logger.debug("session config entry '%s' has no onnxkiln equivalent; ignored",
+                             key)
+        if main and so.optimized_model_filepath:
+            b.option("optimized_model_path", os.fspath(so.optimized_model_filepath))
+        if self._trace.enabled:
+            b.trace(self._trace)
+        return b
+
+    def _proto(self) -> onnx.ModelProto:
+        """The ModelProto, parsed again (weights of external data stay on disk)."""
+        data = self._bytes if self._bytes is not None else Path(self._path).read_bytes()
+        proto = onnx.ModelProto()
+        proto.ParseFromString(data)
+        return proto
+
+    def _start_profiling(self) -> None:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+        millis = int(now * 1000) % 1000
+        self._profile_path = f"{self._options.profile_file_prefix}_{stamp}_{millis:03d}.json"
+        self._trace = TraceContext.chrome(self._profile_path)
+        self._profile_start_ns = time.monotonic_ns()
+        # onnxruntime writes the profile when the session is destroyed, if not before
+        self._finalizer = weakref.finalize(self, self._trace.close)
+
+    # metadata -----------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        """Graph inputs the caller feeds (initializers excluded)."""
+        return list(self._info.inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """Graph outputs, in order."""
+        return list(self._info.outputs)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers that are also graph inputs: a feed of that name replaces them."""
+        return list(self._info.overridable)
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """Producer, graph name, domain, doc strings, model version, metadata props."""
+        return self._info.metadata
+
+    def get_providers(self) -> list[str]:
+        """The providers this session runs on, e.g. ['CPUExecutionProvider']."""
+        return list(self._providers)
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Options of each provider in use, as strings."""
+        return {k: dict(v) for k, v in self._provider_options.items()}
+
+    def get_session_options(self) -> SessionOptions:
+        """The session's copy of the options it was built with."""
+        return self._options
+
+    def set_providers(self, providers: Sequence[Any] | None = None,
+                      provider_options: Sequence[dict[str, Any]] | None = None) -> None:
+        """Rebuild the session on other providers (None: get_available_providers())."""
+        self._configure(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """Accepted for compatibility (onnxkiln's fallback happens at build)."""
+        self._fallback = False
+
+    def enable_fallback(self) -> None:
+        """Accepted for compatibility (onnxkiln's fallback happens at build)."""
+        self._fallback = True
+
+    @property
+    def _model_path(self) -> str | None:
+        """The model path as given, or None (onnxruntime's attribute; optimum reads it)."""
+        return os.fspath(self._path) if self._path is not None else None
+
+    @property
+    def _model_bytes(self) -> bytes | None:
+        """The model bytes as given, or None (onnxruntime's attribute)."""
+        return self._bytes
+
+    @property
+    def session(self) -> _Session:
+        """The onnxkiln session behind this one (all outputs; onnxkiln extension)."""
+        return self._main
+
+    # running ------------------------------------------------------------------------
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: RunOptions | None = None) -> list[Any]:
+        """Outputs `output_names` (None or []: all) for the feeds in `input_feed`.
+
+        Tensors come back as numpy arrays, sequences as lists, maps as dicts, an empty
+        optional as None. Only the nodes the requested outputs depend on run: a pruned
+        session is built once per output subset and cached (the last 16 subsets). This
+        differs from onnxruntime 1.32, which runs every node whatever `output_names` (and
+        RunOptions.only_execute_path_to_fetches) say: an unneeded node that would fail
+        fails there and not here.
+
+        Example:
+            >>> probs, = sess.run(["probabilities"], {"input": x})
+        """
+        names = self._check_outputs(output_names)
+        feed = self._check_feed(input_feed)
+        return self._execute(names, feed, run_options)
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None,
+                            input_dict_ort_values: Mapping[str, OrtValue],
+                            run_options: RunOptions | None = None) -> list[OrtValue]:
+        """As `run`, with OrtValue feeds and OrtValue results."""
+        if not isinstance(input_dict_ort_values, Mapping):
+            raise InvalidInputError(
+                "run_with_ort_values takes a dict {input name: OrtValue}, got "
+                f"{type(input_dict_ort_values).__name__}")
+        for name, value in input_dict_ort_values.items():
+            if not isinstance(value, OrtValue):
+                raise InvalidInputError(
+                    f"run_with_ort_values: input '{name}' is a {type(value).__name__}, not an "
+                    "OrtValue; wrap it with OrtValue.ortvalue_from_numpy(x) or call run()")
+        names = self._check_outputs(output_names)
+        feed = self._check_feed(input_dict_ort_values)
+        return [OrtValue(v) for v in self._execute(names, feed, run_options)]
+
+    def io_binding(self) -> IOBinding:
+        """A new IOBinding for this session (see `run_with_iobinding`)."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None
+                           ) -> None:
+        """Run on the binding's inputs and fill its outputs."""
+        if getattr(iobinding, "_session", None) is not self:
+            raise InvalidInputError("IOBinding must be used with the session that created it.")
+        iobinding._run(run_options)
+
+    def _check_outputs(self, output_names: Sequence[str] | None) -> list[str]:
+        if not output_names:
+            return [a.name for a in self._info.outputs]
+        if isinstance(output_names, str):
+            raise InvalidInputError(
+                f"output_names must be a list of names, got the string {output_names!r}; "
+                f"write [{output_names!r}]")
+        names = list(output_names)
+        for name in names:
+            if name not in self._output_index:
+                known = [a.name for a in self._info.outputs]
+                raise InvalidInputError(
+                    f"Invalid output name: {name!r}; the model's outputs are {known}")
+        return names
+
+    def _check_feed(self, input_feed: Any) -> dict[str, Any]:
+        if not isinstance(input_feed, Mapping):
+            raise InvalidInputError(
+                "input_feed must be a dict {input name: value}, got "
+                f"{type(input_feed).__name__}")
+        missing = [a.name for a in self._info.inputs
+                   if a.name not in input_feed and not a.type.startswith("optional")]
+        if missing:
+            raise InvalidInputError(
+                f"Required inputs ({missing}) are missing from input feed "
+                f"({list(input_feed)}).")
+        return {k: v.value if isinstance(v, OrtValue) else v for k, v in input_feed.items()}
+
+    def _execute(self, names: list[str], feed: dict[str, Any],
+                 run_options: RunOptions | None) -> list[Any]:
+        session, index = self._session_for(names)
+        cancel = None
+        severity = self._severity
+        if run_options is not None:
+            if not isinstance(run_options, RunOptions):
+                raise InvalidOptionError(
+                    f"run_options must be onnxkiln.compat.RunOptions, got "
+                    f"{type(run_options).__name__}")
+            if run_options.terminate:
+                raise RunCancelledError(
+                    "Exiting due to terminate flag being set to true (RunOptions.terminate); "
+                    "set it back to False to run again")
+            cancel = run_options._flag
+            severity = effective_severity(run_options.log_severity_level, severity)
+            if run_options.logid:
+                logger.debug("run '%s': outputs %s", run_options.logid, names)
+        with log_threshold(severity):
+            results = session.run_outputs(feed, cancel=cancel)
+        return [results[index[n]].value for n in names]
+
+    def _session_for(self, names: list[str]) -> tuple[_Session, dict[str, int]]:
+        """The session computing `names` and where each lands in its outputs."""
+        key = frozenset(names)
+        with self._lock:
+            main = self._main
+            if len(key) == len(self._output_index):
+                return main, self._output_index
+            hit = self._subsets.get(key)
+            if hit is not None:
+                self._subsets.move_to_end(key)
+                return hit
+            info, kiln = self._info, self._kiln_providers
+        keep = needed_nodes(info, sorted(key))
+        if len(keep) == len(info.node_writes):
+            entry = (main, self._output_index)
+        else:
+            wanted = [a.name for a in info.outputs if a.name in key]
+            data = prune(self._proto(), info, wanted, keep).SerializeToString()
+            folder = self._path.resolve().parent if self._path is not None else None
+            with log_threshold(self._severity):
+                pruned = self._builder(kiln, main=False).load_bytes(data, folder)
+            entry = (pruned, {m.name: i for i, m in enumerate(pruned.outputs())})
+            logger.debug("built a session for outputs %s: %d of %d nodes", wanted, len(keep),
+                         len(info.node_writes))
+        with self._lock:
+            if self._main is main:
+                self._subsets[key] = entry
+                while len(self._subsets) > _MAX_SUBSETS:
+                    self._subsets.popitem(last=False)
+        return entry
+
+    def _check_input_name(self, name: str, what: str) -> None:
+        if name not in self._input_names:
+            raise InputNotFoundError(
+                f"{what}: the model has no input named {name!r}; its inputs are "
+                f"{sorted(self._input_names)}")
+
+    def _check_output_name(self, name: str, what: str) -> None:
+        if name not in self._output_index:
+            raise InvalidInputError(
+                f"{what}: the model has no output named {name!r}; its outputs are "
+                f"{list(self._output_index)}")
+
+    # profiling ----------------------------------------------------------------------
+    def end_profiling(self) -> str:
+        """Write the profile (onnxruntime's Chrome trace format) and return its file
+        name; "" when profiling is off or already ended. Later runs are not profiled."""
+        if not self._profile_path:
+            return ""
+        path, self._profile_path = self._profile_path, ""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._trace.close()
+        return path
+
+    def get_profiling_start_time_ns(self) -> int:
+        """time.monotonic_ns() when profiling started; 0 without profiling."""
+        return self._profile_start_ns
+
+    def __repr__(self) -> str:
+        source = str(self._path) if self._path is not None else "<bytes>"
+        return f"InferenceSession({source}, providers={self._providers})"
