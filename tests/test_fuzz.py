@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxkiln import (
     InferenceSession,
+    InvalidInputError,
     KernelError,
     MemoryLimitError,
     ModelLoadError,
@@ -361,3 +362,40 @@ def test_data_dependent_output_over_the_limit_is_caught_as_the_kernel_returns():
         session.run({"shape": np.array([2048, 4096], np.int64)})  # 32 MiB
     np.testing.assert_array_equal(
         session.run({"shape": np.array([2, 2], np.int64)})[0], np.ones((2, 2), np.float32))
+
+
+# ---- hostile inputs and last-resort wrapping --------------------------------------------
+
+
+class _BrokenArray:
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("cannot export")
+
+
+def test_inputs_numpy_cannot_convert_are_invalid_input_errors():
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("SequenceLength", ["s"], ["n"])], "g", [seq],
+                          [helper.make_tensor_value_info("n", TensorProto.INT64, [])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = InferenceSession.from_graph(model)
+    for bad in (["a", "b"], [[[1.0], [2.0, 3.0]]], [_BrokenArray()]):
+        with pytest.raises(InvalidInputError, match="input 's' .*cannot be converted"):
+            session.run({"s": bad})
+    with pytest.raises(InvalidInputError, match="input 'x' .*RuntimeError: cannot export"):
+        InferenceSession.from_graph(_relu_model()).run({"x": _BrokenArray()})
+
+
+@pytest.mark.parametrize("error, match", [
+    (MemoryError("no room"), "out of memory while loading"),
+    (RecursionError("too deep"), "nests too deeply"),
+    (AttributeError("oops"), "a bug in onnxkiln"),
+])
+def test_unexpected_load_failures_still_come_out_as_model_load_errors(monkeypatch, error, match):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("onnxkiln.loader.from_graph", fail)
+    with pytest.raises(ModelLoadError, match=match) as info:
+        InferenceSession.from_graph(_relu_model())
+    assert info.value.__cause__ is error

@@ -6,7 +6,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,9 @@ from onnxkiln.errors import (
     InputNotFoundError,
     InvalidInputError,
     InvalidOptionError,
+    ModelLoadError,
     SequenceOutputError,
+    SessionError,
 )
 from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
 from onnxkiln.memory import MemoryPlan, MemoryTracker, ShapeOracle, simulate
@@ -132,23 +134,37 @@ class SessionBuilder:
 
     def load(self, path: str | os.PathLike) -> InferenceSession:
         """Build a session from a model file."""
-        return self._build(loader.load_path(path))
+        return self._build(lambda: loader.load_path(path))
 
     def load_bytes(
         self, data: bytes | bytearray | memoryview, external_data_dir: str | None = None
     ) -> InferenceSession:
         """Build a session from serialized model bytes."""
-        return self._build(loader.load_bytes(data, external_data_dir))
+        return self._build(lambda: loader.load_bytes(data, external_data_dir))
 
     def from_graph(self, graph: ir.Graph | ir.Model | onnx.ModelProto) -> InferenceSession:
         """Build a session from an in-memory graph or model."""
-        return self._build(loader.from_graph(graph))
+        return self._build(lambda: loader.from_graph(graph))
 
-    def _build(self, model: ir.Model) -> InferenceSession:
-        placement = select_providers(self._device, self._providers)
-        session = InferenceSession(model, placement, self)
-        if self._warmup:
-            session.warmup(self._warmup)
+    def _build(self, read: Callable[[], ir.Model]) -> InferenceSession:
+        """Load, plan and warm up; whatever fails comes out as a SessionError."""
+        try:
+            model = read()
+            placement = select_providers(self._device, self._providers)
+            session = InferenceSession(model, placement, self)
+            if self._warmup:
+                session.warmup(self._warmup)
+        except SessionError:
+            raise
+        except MemoryError as e:
+            raise ModelLoadError(f"out of memory while loading the model: {e}") from e
+        except RecursionError as e:
+            raise ModelLoadError(f"the model nests too deeply to load: {e}") from e
+        except Exception as e:  # each layer wraps its own errors; reaching here is a bug
+            raise ModelLoadError(
+                f"loading the model failed: {type(e).__name__}: {e} (a bug in onnxkiln; please "
+                "report it with the model)"
+            ) from e
         return session
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.dtypes import DataType, from_numpy, to_numpy
-from onnxkiln.errors import InputNotFoundError, InvalidInputError, ShapeError
+from onnxkiln.errors import InputNotFoundError, InvalidInputError, SessionError, ShapeError
 from onnxkiln.types import IoMeta
 
 __all__ = ["InputSpec", "InputValidator"]
@@ -44,7 +44,15 @@ class InputValidator:
             spec = self.by_name.get(name)
             if spec is None:
                 raise InputNotFoundError(self._unknown(name))
-            values[spec.position] = self._convert(spec, raw)
+            try:
+                values[spec.position] = self._convert(spec, raw)
+            except SessionError:
+                raise
+            except Exception as e:  # numpy or the caller's __array__/__dlpack__ refused it
+                raise InvalidInputError(
+                    f"input '{name}' ({spec.meta}) cannot be converted to an array: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
         missing = [s.meta.name for s in self.specs if values[s.position] is None]
         for name in missing:
             spec = self.by_name[name]
