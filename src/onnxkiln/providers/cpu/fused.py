@@ -1,0 +1,157 @@
+"""CPU kernels for the optimizer's own fused ops, domain "onnxkiln" (opset 1).
+
+Each one computes exactly what the subgraph it replaces computes, in the same order of
+floating-point operations, but in place on its own fresh buffers:
+
+- FusedMatMulBias(A, B, bias; activation): act(A @ B + bias), B 2-D, bias 1-D over the last
+  axis; activation "" (none), "Relu", "Gelu" (exact, erf) or "FastGelu" (tanh form).
+- ScaledDotProductAttention(Q, K, V, mask?; transpose_k, scale, divide, mask_mode,
+  mask_fill): softmax(mask(Q @ K' (/ or *) scale)) @ V over the last axis, where K' is K
+  with its last two dims swapped when transpose_k=1, and the mask is added (mask_mode "add")
+  or selects (mask_fill where the boolean mask is False: "keep_true"; where it is True:
+  "keep_false").
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import scipy.special
+
+from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu.registry import kernel
+
+__all__ = ["DOMAIN"]
+
+DOMAIN = "onnxkiln"
+_SQRT1_2 = math.sqrt(0.5)
+_GELU_K = math.sqrt(2.0 / math.pi)
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _attr_str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def _relu_(y: np.ndarray) -> np.ndarray:
+    return np.maximum(y, 0, out=y)
+
+
+def _gelu_(t: np.ndarray) -> np.ndarray:
+    e = np.multiply(t, t.dtype.type(_SQRT1_2))
+    scipy.special.erf(e, out=e)
+    e += 1
+    t *= e
+    t *= t.dtype.type(0.5)
+    return t
+
+
+def _fast_gelu_(t: np.ndarray) -> np.ndarray:
+    u = np.multiply(t, t)
+    u *= t.dtype.type(0.044715 * _GELU_K)
+    u += t.dtype.type(_GELU_K)
+    u *= t
+    np.tanh(u, out=u)
+    u += 1
+    t *= u
+    t *= t.dtype.type(0.5)
+    return t
+
+
+_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
+    "": None, "Relu": _relu_, "Gelu": _gelu_, "FastGelu": _fast_gelu_,
+}
+
+
+@kernel("FusedMatMulBias", since=1, domain=DOMAIN, factory=True, variant="matmulbias.blas")
+def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """act(A @ B + bias) for B 2-D and bias 1-D of B's column count, in one output buffer."""
+    name = _attr_str(info.attrs.get("activation"))
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"FusedMatMulBias: unknown activation {name!r}; "
+                         f"expected one of {sorted(_ACTIVATIONS)}")
+    act = _ACTIVATIONS[name]
+
+    def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if b.ndim != 2 or bias.shape != (b.shape[1],) or a.ndim < 1 or \
+                a.shape[-1] != b.shape[0]:
+            raise ValueError(f"FusedMatMulBias: A {a.shape}, B {b.shape} and bias "
+                             f"{bias.shape} do not fit A @ B + bias")
+        if a.dtype not in _FAST or b.dtype != a.dtype or bias.dtype != a.dtype:
+            y = np.matmul(a.astype(np.float32), b.astype(np.float32)) + bias
+            if act is not None:
+                act(y)
+            return y.astype(a.dtype)
+        lead = a.shape[:-1]
+        a2 = a.reshape(math.prod(lead), a.shape[-1]) if a.flags.c_contiguous else None
+        y = np.matmul(a2, b) if a2 is not None else np.matmul(a, b)
+        y += bias
+        if act is not None:
+            act(y)
+        return y.reshape(*lead, b.shape[1])
+
+    return run
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(n: int, dt: np.dtype) -> np.ndarray:
+    v = np.ones((n, 1), dtype=dt)
+    v.flags.writeable = False
+    return v
+
+
+def _softmax_last_(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of a fresh float32/float64 array, in place (as Softmax-13)."""
+    s2 = s.reshape(-1, s.shape[-1])
+    m = np.fmax.reduce(s2, axis=1, keepdims=True)
+    s2 -= m
+    np.exp(s2, out=s2)
+    s2 /= np.matmul(s2, _ones(s2.shape[1], s2.dtype))
+    return s
+
+
+@kernel("ScaledDotProductAttention", since=1, domain=DOMAIN, factory=True,
+        variant="sdpa.blas")
+def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """softmax(mask(Q @ K' scaled)) @ V, the Q/K/V batch dims broadcasting as MatMul's."""
+    transpose_k = bool(info.attrs.get("transpose_k", 1))
+    scale = float(info.attrs.get("scale", 1.0))
+    divide = bool(info.attrs.get("divide", 0))
+    mode = _attr_str(info.attrs.get("mask_mode")) or "add"
+    if mode not in ("add", "keep_true", "keep_false"):
+        raise ValueError(f"ScaledDotProductAttention: unknown mask_mode {mode!r}")
+    fill = float(info.attrs.get("mask_fill", 0.0))
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask=None) -> np.ndarray:
+        kt = np.swapaxes(k, -1, -2) if transpose_k else k
+        s = np.matmul(q, kt)
+        dt = s.dtype
+        if dt not in _FAST:
+            raise TypeError(f"ScaledDotProductAttention: float32/float64 only, got {dt}")
+        if scale != 1.0 or divide:
+            if divide:
+                s /= dt.type(scale)
+            else:
+                s *= dt.type(scale)
+        if mask is not None:
+            s = _apply_mask(s, mask, mode, fill)
+        return np.matmul(_softmax_last_(s), v)
+
+    return run
+
+
+def _apply_mask(s: np.ndarray, mask: np.ndarray, mode: str, fill: float) -> np.ndarray:
+    same = np.broadcast_shapes(s.shape, mask.shape) == s.shape
+    if mode == "add":
+        if same and mask.dtype == s.dtype:
+            s += mask
+            return s
+        return np.add(s, mask).astype(s.dtype, copy=False)
+    keep = mask if mode == "keep_true" else ~mask
+    if same:
+        np.copyto(s, s.dtype.type(fill), where=~keep)
+        return s
+    return np.where(keep, s, s.dtype.type(fill))
