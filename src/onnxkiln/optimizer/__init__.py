@@ -3,9 +3,9 @@
 Levels (SPEC.md §1), each including the ones before it:
 
 - "disabled": the graph runs as loaded.
-- "basic": Constant nodes become initializers; Identity, inference Dropout, same-type Cast
-  and identity Transpose are removed; shapes are inferred; constants are folded with our own
-  kernels; shape computations of static dims are folded, and Reshape targets built from the
+- "basic": Constant nodes become initializers; shapes are inferred; Identity, inference
+  Dropout, same-type Cast and identity Transpose are removed; constants are folded with our
+  own kernels; shape computations of static dims are folded, and Reshape targets built from the
   input's own symbolic dims become constants (0 = copy the dim); common subexpressions are
   merged; dead nodes and initializers are dropped.
 - "extended": fusions, each exact to float32 rounding: Conv+BatchNormalization folding,
@@ -20,7 +20,8 @@ Levels (SPEC.md §1), each including the ones before it:
 
 Fusions target ai.onnx and com.microsoft ops (which onnxruntime also runs) where one fits
 exactly, and the onnxkiln domain (providers/cpu/fused.py) otherwise; `portable=True` keeps
-to the former.
+to the former. Models holding an ai.onnx.preview.training Gradient node are left as they are
+(it names the values it differentiates).
 
 Example:
     >>> model = optimize(loader.load_path("bert.onnx"), "all")
@@ -134,7 +135,7 @@ def _names_pinned(model: ir.Model) -> bool:
 
 
 def _basic(ctx: Context) -> None:
-    for p in (fold.lift_constants, eliminate.eliminate_identities, fold.infer_shapes):
+    for p in (fold.lift_constants, fold.infer_shapes, eliminate.eliminate_identities):
         _run(p, ctx)
     _fixed_point(ctx, BASIC_LOOP)
 
