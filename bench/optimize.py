@@ -7,7 +7,7 @@
 Each level gets its own session over an `optimize()`d copy of the model (built through
 InferenceSession's constructor, so the run path is the real one even before the session
 calls the optimizer itself). Runs are interleaved with onnxruntime's (graph optimizations
-on), in an order rotated every repetition, and the ratio is ours / theirs. Like
+on), in a shuffled order each repetition, and the ratio is ours / theirs. Like
 bench/run.py, the script re-executes itself without the OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
 pins unless --keep-env is given.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 
@@ -109,10 +110,12 @@ def _interleaved(runs, feeds, repeat):
         fn(feeds)
     times = {k: [] for k in runs}
     order = list(runs)
-    for i in range(repeat):
-        # rotate, so each runner follows onnxruntime equally often (its spinning intra-op
-        # threads keep a core busy for a moment after each of its runs)
-        for k in order[i % len(order):] + order[:i % len(order)]:
+    rng = random.Random(0)
+    for _ in range(repeat):
+        # a fresh order each time: no runner always follows onnxruntime, whose spinning
+        # intra-op threads keep a core busy for a moment after each of its runs
+        rng.shuffle(order)
+        for k in order:
             start = time.perf_counter()
             runs[k](feeds)
             times[k].append(time.perf_counter() - start)

@@ -57,6 +57,8 @@ class Context:
                                if v.name)
             for node in graph:
                 self._names.update(v.name for v in node.outputs if v.name)
+                if node.name:
+                    self._names.add(node.name)
         self._serial = 0
         self.unfoldable: set[int] = set()  # ids of nodes constant folding already refused
         self._graphs: list[ir.Graph] | None = None

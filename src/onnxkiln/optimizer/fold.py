@@ -162,6 +162,9 @@ def _fold_node(ctx: Context, graph: ir.Graph, node: ir.Node) -> bool:
         return False
     if not all(v is None or is_const(v) for v in node.inputs):
         return False
+    if _shared_weight(node):
+        ctx.unfoldable.add(id(node))
+        return False
     arrays = []
     for v in node.inputs:
         if v is None:
@@ -188,6 +191,17 @@ def _fold_node(ctx: Context, graph: ir.Graph, node: ir.Node) -> bool:
     graph.remove(node, safe=True)
     ctx.stats["constant.fold"] += 1
     return True
+
+
+def _shared_weight(node: ir.Node) -> bool:
+    """Whether an input above FOLD_LIMIT is also read elsewhere: a (Transpose, Cast...) of a
+    shared weight would be a second copy of it, so it is not even read to find out."""
+    for v in node.inputs:
+        tensor = v.const_value if v is not None else None
+        if tensor is not None and tensor.nbytes > FOLD_LIMIT and \
+                any(use.node is not node for use in v.uses()):
+            return True
+    return False
 
 
 def evaluate(ctx: Context, node: ir.Node, arrays: list) -> list[np.ndarray] | None:

@@ -19,7 +19,14 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from onnxkiln.optimizer._graph import Context, attr, const_array, is_onnx, producer
+from onnxkiln.optimizer._graph import (
+    Context,
+    attr,
+    const_array,
+    const_shape,
+    is_onnx,
+    producer,
+)
 from onnxkiln.optimizer.fold import evaluate, to_initializer
 
 __all__ = ["fold_reshape_targets", "fold_shapes"]
@@ -74,7 +81,10 @@ def _trace(ctx: Context, value: ir.Value | None, memo: dict) -> tuple[list[Dim],
 
 
 def _trace_uncached(ctx, value, memo):
-    arr = const_array(value)
+    shape = const_shape(value)
+    if shape is not None and (len(shape) > 1 or math.prod(shape) > _MAX_ELEMENTS):
+        return None  # a weight, not a shape: do not read it
+    arr = const_array(value) if shape is not None else None
     if arr is not None:
         if arr.dtype != np.int64 or arr.ndim > 1 or arr.size > _MAX_ELEMENTS:
             return None
