@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxkiln import loader
+from onnxkiln import loader, optimizer
 from onnxkiln.dtypes import DataType, from_numpy
 from onnxkiln.errors import (
     InputNotFoundError,
@@ -172,11 +172,13 @@ class InferenceSession:
     """A loaded model ready to run: `InferenceSession.load(path).run({"x": x})`."""
 
     def __init__(self, model: ir.Model, placement: Placement, config: SessionBuilder) -> None:
+        self._options = dict(config._options)
+        model = _optimize(model, config._optimization, placement,
+                          self._options.get("optimized_model_path"))
         self._model = model
         self._placement = placement
         self._optimization = config._optimization
         self._threads = config._threads
-        self._options = dict(config._options)
         self._control_flow = ControlFlowCounter()
         self._plan = build_plan(model, placement.registries, self._control_flow)
         self._compiled = CompiledPlan(self._plan)
@@ -480,3 +482,17 @@ def _io_meta(model: ir.Model, value: ir.Value, optional: bool = False) -> IoMeta
     if value.shape is not None and kind == "tensor":
         shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
     return IoMeta(value.name or "", dtype, shape, kind, optional)
+
+
+def _optimize(model: ir.Model, level: str, placement: Placement, save_path: str | None) -> ir.Model:
+    """Run the graph optimizer at `level`; with `optimized_model_path`, keep to ops that
+    onnxruntime also runs (no onnxkiln-domain fusions) and write the result there."""
+    model = optimizer.optimize(model, level, registries=placement.registries,
+                               portable=save_path is not None)
+    if save_path:
+        try:
+            optimizer.save(model, save_path)
+        except OSError as e:
+            raise InvalidOptionError(
+                f"optimized_model_path: cannot write '{save_path}': {e}") from e
+    return model

@@ -15,6 +15,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     control,
     conv,
     detection,
+    fused,
     gridsample,
     image,
     index,
