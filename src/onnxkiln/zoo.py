@@ -24,12 +24,16 @@ __all__ = [
     "OPSET",
     "BertConfig",
     "GptConfig",
+    "LstmConfig",
     "MlpConfig",
+    "MobileNetConfig",
     "ResNetConfig",
     "bert_encoder",
     "default_model",
     "gpt_decoder_step",
+    "lstm",
     "mlp",
+    "mobilenet_v2",
     "random_inputs",
     "resnet",
 ]
@@ -509,6 +513,132 @@ def gpt_decoder_step(cfg: GptConfig | None = None, seed: int = 0, **overrides: A
     return b.finish("gpt_decoder_step", inputs, outputs, hints)
 
 
+# --- MobileNetV2 ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MobileNetConfig:
+    # inverted residual stages (expansion t, output channels c, blocks n, first stride s)
+    stages: tuple[tuple[int, int, int, int], ...] = ((1, 8, 1, 1), (6, 12, 2, 2), (4, 16, 2, 2))
+    stem_width: int = 8
+    last_width: int = 32
+    image_size: int = 32
+    num_classes: int = 10
+
+    @classmethod
+    def v2(cls) -> MobileNetConfig:
+        """MobileNetV2 1.0 at 224x224 (torchvision's mobilenet_v2 layout, 3.5 M parameters)."""
+        stages = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                  (6, 160, 3, 2), (6, 320, 1, 1))
+        return cls(stages, 32, 1280, 224, 1000)
+
+
+def _mb_conv_bn(b: _Builder, x: str, p: str, c_in: int, c_out: int, k: int, stride: int,
+                group: int, relu6: bool, gamma: float = 1.0) -> str:
+    """Conv (group=1, or depthwise with group=channels) + BatchNormalization [+ ReLU6 as Clip]."""
+    w = b.normal(f"{p}.0.weight", (c_out, c_in // group, k, k),
+                 math.sqrt(2.0 / (c_in // group * k * k)))
+    y = b.op("Conv", x, w, kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4,
+             dilations=[1, 1], group=group)
+    y = b.op("BatchNormalization", y,
+             b.param(f"{p}.1.weight", b.rng.uniform(0.5, 1.0, c_out) * gamma),
+             b.param(f"{p}.1.bias", b.rng.normal(0.0, 0.1, c_out)),
+             b.param(f"{p}.1.running_mean", b.rng.normal(0.0, 0.1, c_out)),
+             b.param(f"{p}.1.running_var", b.rng.uniform(0.5, 1.5, c_out)),
+             epsilon=1e-5, momentum=0.9)
+    return b.op("Clip", y, b.const(0.0), b.const(6.0)) if relu6 else y
+
+
+def _inverted_residual(b: _Builder, x: str, p: str, c_in: int, c_out: int, stride: int,
+                       expand: int) -> str:
+    """1x1 expand (skipped when t=1), 3x3 depthwise, 1x1 linear project; Add when shapes match."""
+    hidden = c_in * expand
+    with b.scope(p):
+        y, i = x, 0
+        if expand != 1:
+            y = _mb_conv_bn(b, y, f"{p}.conv.{i}", c_in, hidden, 1, 1, 1, True)
+            i += 1
+        y = _mb_conv_bn(b, y, f"{p}.conv.{i}", hidden, hidden, 3, stride, hidden, True)
+        y = _mb_conv_bn(b, y, f"{p}.conv.{i + 1}", hidden, c_out, 1, 1, 1, False, 0.2)
+        return b.op("Add", x, y) if stride == 1 and c_in == c_out else y
+
+
+def mobilenet_v2(cfg: MobileNetConfig | None = None, seed: int = 0, **overrides: Any
+                 ) -> onnx.ModelProto:
+    """torchvision-style MobileNetV2: 3x3/2 stem, inverted residual blocks (ReLU6 as Clip),
+    1x1 conv to last_width, GlobalAveragePool, Flatten, Gemm (dropout omitted, as in eval).
+
+    Input pixel_values [batch, 3, S, S]; output logits [batch, num_classes].
+    """
+    cfg = _config(cfg, MobileNetConfig, overrides)
+    b = _Builder(seed)
+    x = _mb_conv_bn(b, "pixel_values", "features.0", 3, cfg.stem_width, 3, 2, 1, True)
+    c, index = cfg.stem_width, 1
+    for expand, width, blocks, stride in cfg.stages:
+        for j in range(blocks):
+            x = _inverted_residual(b, x, f"features.{index}", c, width, stride if j == 0 else 1,
+                                   expand)
+            c, index = width, index + 1
+    x = _mb_conv_bn(b, x, f"features.{index}", c, cfg.last_width, 1, 1, 1, True)
+    x = b.op("Flatten", b.op("GlobalAveragePool", x), axis=1)
+    w = b.normal("classifier.1.weight", (cfg.num_classes, cfg.last_width), cfg.last_width**-0.5)
+    bias = b.normal("classifier.1.bias", (cfg.num_classes,), 0.02)
+    b.rename(b.op("Gemm", x, w, bias, transB=1), "logits")
+    size = cfg.image_size
+    return b.finish("mobilenet_v2", [_f32("pixel_values", ["batch", 3, size, size])],
+                    [_f32("logits", ["batch", cfg.num_classes])], {"dims": "batch=1"})
+
+
+# --- LSTM -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LstmConfig:
+    layers: int = 2
+    input_size: int = 8
+    hidden: int = 16
+    num_classes: int = 5
+    seq: int = 6
+
+    @classmethod
+    def large(cls) -> LstmConfig:
+        """2 stacked layers, input 256, hidden 512, 128 steps (a mid-size speech/text LSTM)."""
+        return cls(2, 256, 512, 10, 128)
+
+
+def lstm(cfg: LstmConfig | None = None, seed: int = 0, **overrides: Any) -> onnx.ModelProto:
+    """A stacked unidirectional LSTM as torch exports nn.LSTM(batch_first=True): Transpose to
+    [seq, batch, in], one ONNX LSTM node per layer (zero initial state) with Squeeze of the
+    direction axis between layers, Transpose back, and a Gemm head on the last hidden state.
+
+    Input x [batch, seq, input_size] (seq defaults to cfg.seq); outputs output [batch, seq,
+    hidden] and logits [batch, num_classes].
+    """
+    cfg = _config(cfg, LstmConfig, overrides)
+    b = _Builder(seed)
+    h, bound = cfg.hidden, cfg.hidden**-0.5
+    y = b.op("Transpose", "x", perm=[1, 0, 2])
+    d_in, last = cfg.input_size, ""
+    for i in range(cfg.layers):
+        with b.scope(f"lstm/layer{i}"):
+            w = b.param(f"lstm.weight_ih_l{i}", b.rng.uniform(-bound, bound, (1, 4 * h, d_in)))
+            r = b.param(f"lstm.weight_hh_l{i}", b.rng.uniform(-bound, bound, (1, 4 * h, h)))
+            bias = b.param(f"lstm.bias_l{i}", b.rng.uniform(-bound, bound, (1, 8 * h)))
+            seq_y, last, _ = b.op("LSTM", y, w, r, bias, n_out=3, hidden_size=h)
+            y = b.op("Squeeze", seq_y, b.const([1], _I64))
+        d_in = h
+    b.rename(b.op("Transpose", y, perm=[1, 0, 2]), "output")
+    with b.scope("fc"):
+        final = b.op("Squeeze", last, b.const([0], _I64))
+        w = b.normal("fc.weight", (cfg.num_classes, h), h**-0.5)
+        bias = b.normal("fc.bias", (cfg.num_classes,), 0.02)
+        b.rename(b.op("Gemm", final, w, bias, transB=1), "logits")
+    return b.finish("lstm", [_f32("x", ["batch", "seq", cfg.input_size])],
+                    [_f32("output", ["batch", "seq", h]),
+                     _f32("logits", ["batch", cfg.num_classes])],
+                    {"dims": f"batch=1,seq={cfg.seq}"})
+
+
 # --- registry and demo ----------------------------------------------------------------------
 
 MODELS: dict[str, tuple[Callable[..., onnx.ModelProto], Any, Any]] = {
@@ -516,9 +646,11 @@ MODELS: dict[str, tuple[Callable[..., onnx.ModelProto], Any, Any]] = {
     "resnet": (resnet, ResNetConfig(), ResNetConfig.resnet50()),
     "bert": (bert_encoder, BertConfig(), BertConfig.base()),
     "gpt2": (gpt_decoder_step, GptConfig(), GptConfig.gpt2_small()),
+    "mobilenet": (mobilenet_v2, MobileNetConfig(), MobileNetConfig.v2()),
+    "lstm": (lstm, LstmConfig(), LstmConfig.large()),
 }
 """name -> (generator, small config, realistic config: MLP 1024-4096-4096-1000, ResNet-50 at
-224, BERT-base, GPT-2 small)."""
+224, BERT-base, GPT-2 small, MobileNetV2 1.0 at 224, LSTM 2x512 over 128 steps)."""
 
 
 def default_model(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

@@ -102,6 +102,12 @@ class KernelSpec:
     None), or, when `factory` is True, `fn(info: NodeInfo) -> kernel`, called once
     per node at plan time. A kernel returns one array, or a tuple of arrays when
     `multi_output` is True (one per node output, in order; extra ones are ignored).
+
+    Device providers (arrays not in host memory) also say: `host_inputs`, the input
+    positions the kernel reads as host numpy arrays (shape-like operands such as Reshape's
+    shape: kept on the host, never uploaded); `host_outputs`, whether its outputs are host
+    numpy arrays (Shape, Size); `supports(info) -> None | reason`, whether it serves this
+    node (dtypes, attributes), the reason recorded when it declines.
     """
 
     domain: str
@@ -115,6 +121,9 @@ class KernelSpec:
     view: bool = False
     capture: CaptureSupport = CaptureSupport.CAPTURABLE
     variant: str = ""
+    host_inputs: frozenset[int] = frozenset()
+    host_outputs: bool = False
+    supports: Callable[[NodeInfo], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_type, str) or not self.op_type:
@@ -152,8 +161,9 @@ def _keyword_only(fn: Callable[..., Any]) -> tuple[str, ...]:
 class KernelRegistry:
     """The kernels of one provider, looked up by (domain, op_type, opset) at plan time."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, default_variant: str = "numpy") -> None:
         self.provider = provider
+        self.default_variant = default_variant
         self._specs: dict[tuple[str, str], list[KernelSpec]] = {}
 
     def kernel(
@@ -169,6 +179,9 @@ class KernelRegistry:
         view: bool = False,
         capture: CaptureSupport = CaptureSupport.CAPTURABLE,
         variant: str = "",
+        host_inputs: Iterable[int] = (),
+        host_outputs: bool = False,
+        supports: Callable[[NodeInfo], str | None] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering `fn` for `op_type` in opsets `since..until` (inclusive)."""
 
@@ -184,7 +197,10 @@ class KernelRegistry:
                 types={k: frozenset(v) for k, v in (types or {}).items()},
                 view=view,
                 capture=capture,
-                variant=variant or f"{op_type.lower()}.numpy",
+                variant=variant or f"{op_type.lower()}.{self.default_variant}",
+                host_inputs=frozenset(host_inputs),
+                host_outputs=host_outputs,
+                supports=supports,
             )
             self.add(spec)
             return fn
