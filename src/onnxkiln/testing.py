@@ -11,10 +11,16 @@ from onnx import helper, numpy_helper
 
 __all__ = [
     "assert_matches_ort",
+    "assert_same",
+    "build_kernel",
+    "check_node",
+    "check_outputs_against_ort",
     "make_model",
     "node_model",
     "ort_session",
+    "run_node",
     "run_ort",
+    "run_ours",
     "tensor_info",
 ]
 
@@ -127,4 +133,76 @@ def assert_matches_ort(
         else:  # ml_dtypes (bfloat16, float8...): compare as float32
             a32, b32 = a.astype(np.float32), b.astype(np.float32)
             np.testing.assert_allclose(a32, b32, rtol=rtol, atol=atol, err_msg=f"output {i}")
+    return ours
+
+
+def run_ours(model: onnx.ModelProto, feeds: Mapping[str, Any]) -> list[Any]:
+    """Run `model` on onnxkiln (default session) and return its outputs."""
+    from onnxkiln import InferenceSession
+
+    return InferenceSession.builder().from_graph(model).run(dict(feeds))
+
+
+def check_node(op_type: str, feeds: Mapping[str, np.ndarray], inits=None, opset: int = 21,
+               n: int = 1, names: Sequence[str] | None = None, **attrs: Any) -> list[np.ndarray]:
+    """One `op_type` node on onnxkiln and onnxruntime, compared; returns onnxkiln's outputs."""
+    model = node_model(op_type, feeds, n_outputs=n, opset=opset, initializers=inits,
+                       input_names=names, **attrs)
+    return assert_matches_ort(model, feeds)
+
+
+def run_node(op_type: str, feeds: Mapping[str, np.ndarray], inits=None, opset: int = 21,
+             n: int = 1, names: Sequence[str] | None = None, **attrs: Any) -> list[Any]:
+    """One `op_type` node on onnxkiln only (forms onnxruntime lacks, error cases)."""
+    model = node_model(op_type, feeds, n_outputs=n, opset=opset, initializers=inits,
+                       input_names=names, **attrs)
+    return run_ours(model, feeds)
+
+
+def build_kernel(op_type: str, opset: int, attrs: Mapping[str, Any] | None = None, *,
+                 const: Sequence[Any] = (), n_inputs: int = 1, n_outputs: int = 1,
+                 domain: str = "", registry: Any = None):
+    """A CPU kernel built straight from the registry, for direct calls and error checks."""
+    from onnxkiln.providers.base import NodeInfo
+
+    if registry is None:
+        from onnxkiln.providers.cpu.registry import REGISTRY as registry
+    spec = registry.resolve(domain, op_type, opset)
+    assert spec is not None, f"no kernel for {op_type} at opset {opset}"
+    info = NodeInfo(
+        name="n", op_type=op_type, domain=domain, opset=opset, attrs=dict(attrs or {}),
+        n_inputs=n_inputs, n_outputs=n_outputs,
+        input_present=(True,) * n_inputs, output_present=(True,) * n_outputs,
+        const_inputs=tuple(const) + (None,) * (n_inputs - len(const)),
+    )
+    return spec.build(info)
+
+
+def assert_same(ours: Any, theirs: Any, where: str = "output", rtol: float = 1e-6,
+                atol: float = 1e-6) -> None:
+    """Recursive equality of tensors, sequences (lists) and empty optionals (None)."""
+    if theirs is None:
+        assert ours is None, f"{where}: expected an empty optional, got {ours!r}"
+        return
+    if isinstance(theirs, list):
+        assert isinstance(ours, list), f"{where}: expected a sequence, got {type(ours)}"
+        assert len(ours) == len(theirs), f"{where}: length {len(ours)} vs {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same(a, b, f"{where}[{i}]", rtol, atol)
+        return
+    a, b = np.asarray(ours), np.asarray(theirs)
+    assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} vs {b.dtype}"
+    assert a.shape == b.shape, f"{where}: shape {a.shape} vs {b.shape}"
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=where)
+
+
+def check_outputs_against_ort(model: onnx.ModelProto, feeds: Mapping[str, Any]) -> list[Any]:
+    """All outputs (tensors, sequences, optionals) of onnxkiln vs onnxruntime; returns ours."""
+    from onnxkiln import InferenceSession
+
+    ours = [o.value for o in InferenceSession.from_graph(model).run_outputs(dict(feeds))]
+    theirs = run_ort(model, feeds)
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_same(a, b, f"output {i}")
     return ours

@@ -10,6 +10,7 @@ import pytest
 import scipy.special
 
 from onnxkiln.testing import assert_matches_ort, node_model
+from onnxkiln.testing import run_ours as ours
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -17,12 +18,6 @@ F32, F16, F64 = np.float32, np.float16, np.float64
 BF16 = ml_dtypes.bfloat16
 TOL = {F32: (1e-5, 1e-6), F64: (1e-12, 1e-12), F16: (1e-3, 1e-3)}
 
-
-def ours(model, feeds):
-    """Run on onnxkiln only (for cases onnxruntime lacks)."""
-    from onnxkiln import InferenceSession
-
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
 
 
 def data(dtype, shape=(2, 3, 5), scale=4.0, seed=0):

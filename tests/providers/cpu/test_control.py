@@ -8,7 +8,8 @@ import pytest
 
 from onnxkiln import ControlFlowStats, InferenceSession
 from onnxkiln.errors import KernelError
-from onnxkiln.testing import run_ort
+from onnxkiln.testing import assert_same as _same
+from onnxkiln.testing import check_outputs_against_ort as _check
 
 
 def _model(text: str, check: bool = True) -> onnx.ModelProto:
@@ -22,34 +23,10 @@ def _header(opset: int) -> str:
     return f'<ir_version: {10 if opset >= 21 else 8}, opset_import: ["" : {opset}]>'
 
 
-def _same(ours, theirs, where="output"):
-    """Recursive equality for tensors, sequences (lists) and empty optionals (None)."""
-    if theirs is None:
-        assert ours is None, f"{where}: expected an empty optional, got {ours!r}"
-        return
-    if isinstance(theirs, list):
-        assert isinstance(ours, list), f"{where}: expected a sequence, got {type(ours)}"
-        assert len(ours) == len(theirs), f"{where}: length {len(ours)} vs {len(theirs)}"
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            _same(a, b, f"{where}[{i}]")
-        return
-    a, b = np.asarray(ours), np.asarray(theirs)
-    assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} vs {b.dtype}"
-    assert a.shape == b.shape, f"{where}: shape {a.shape} vs {b.shape}"
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=where)
-
 
 def _ours(model, feeds):
     return [o.value for o in InferenceSession.from_graph(model).run_outputs(feeds)]
 
-
-def _check(model, feeds):
-    ours = _ours(model, feeds)
-    theirs = run_ort(model, feeds)
-    assert len(ours) == len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        _same(a, b, f"output {i}")
-    return ours
 
 
 F = np.float32

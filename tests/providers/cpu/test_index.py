@@ -6,27 +6,13 @@ import numpy as np
 import pytest
 
 from onnxkiln import InferenceSession
-from onnxkiln.testing import assert_matches_ort, node_model
+from onnxkiln.testing import check_node as check
+from onnxkiln.testing import run_node as ours
 
 RNG = np.random.default_rng(1)
 I64 = np.int64
 BIG = np.iinfo(np.int64).max
 
-
-def check(op, feeds, inits=None, opset=21, n=1, names=None, **attrs):
-    """Run one node on onnxkiln and onnxruntime and compare; returns onnxkiln's outputs."""
-    model = node_model(
-        op, feeds, n_outputs=n, opset=opset, initializers=inits, input_names=names, **attrs
-    )
-    return assert_matches_ort(model, feeds)
-
-
-def ours(op, feeds, inits=None, opset=21, n=1, names=None, **attrs):
-    """onnxkiln's outputs only (forms onnxruntime lacks, error cases)."""
-    model = node_model(
-        op, feeds, n_outputs=n, opset=opset, initializers=inits, input_names=names, **attrs
-    )
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
 
 
 def arr(shape, dtype=np.float32):

@@ -6,9 +6,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu.registry import REGISTRY
-from onnxkiln.testing import assert_matches_ort, node_model
+from onnxkiln.testing import assert_matches_ort, build_kernel, node_model
+from onnxkiln.testing import run_ours as ours
+
+
+def build(op, opset, attrs=None, *, const=(), n_inputs=2, n_outputs=1):
+    """A kernel straight from the CPU registry."""
+    return build_kernel(op, opset, attrs, const=const, n_inputs=n_inputs, n_outputs=n_outputs)
+
 
 RNG = np.random.default_rng(1234)
 TOL = {np.float32: (1e-4, 1e-5), np.float64: (1e-10, 1e-12), np.float16: (2e-3, 2e-2)}
@@ -20,30 +25,6 @@ def rand(shape, dtype=np.float32):
         return RNG.integers(max(info.min, -9), min(info.max, 9), size=shape).astype(dtype)
     return RNG.standard_normal(shape).astype(dtype)
 
-
-def ours(model, feeds):
-    from onnxkiln import InferenceSession
-
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
-
-
-def build(op, opset, attrs=None, *, const=(), n_inputs=2, n_outputs=1):
-    """A kernel built straight from the registry (for direct calls and error checks)."""
-    spec = REGISTRY.resolve("", op, opset)
-    assert spec is not None
-    info = NodeInfo(
-        name="n",
-        op_type=op,
-        domain="",
-        opset=opset,
-        attrs=dict(attrs or {}),
-        n_inputs=n_inputs,
-        n_outputs=n_outputs,
-        input_present=(True,) * n_inputs,
-        output_present=(True,) * n_outputs,
-        const_inputs=tuple(const) + (None,) * (n_inputs - len(const)),
-    )
-    return spec.build(info)
 
 
 # --------------------------------------------------------------------------------------- MatMul

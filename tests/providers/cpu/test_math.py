@@ -8,6 +8,7 @@ import pytest
 
 from onnxkiln.errors import KernelError
 from onnxkiln.testing import assert_matches_ort, node_model
+from onnxkiln.testing import run_ours as ours
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -15,12 +16,6 @@ F32, F16, F64 = np.float32, np.float16, np.float64
 BF16 = ml_dtypes.bfloat16
 TOL = {F32: (1e-5, 1e-6), F64: (1e-12, 1e-12), F16: (1e-3, 1e-3)}
 
-
-def ours(model, feeds):
-    """Run on onnxkiln only (for cases onnxruntime lacks)."""
-    from onnxkiln import InferenceSession
-
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
 
 
 def rand(dtype, shape, lo=-3.0, hi=3.0, seed=0):

@@ -6,9 +6,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu.registry import REGISTRY
-from onnxkiln.testing import assert_matches_ort, node_model
+from onnxkiln.testing import assert_matches_ort, build_kernel, node_model
+from onnxkiln.testing import run_ours as ours
+
+
+def build(op, opset, attrs=None, *, const=(), n_inputs=1, n_outputs=1):
+    """A kernel straight from the CPU registry."""
+    return build_kernel(op, opset, attrs, const=const, n_inputs=n_inputs, n_outputs=n_outputs)
+
 
 RNG = np.random.default_rng(4321)
 TOL = {np.float32: (1e-5, 1e-5), np.float64: (1e-10, 1e-12), np.float16: (1e-3, 2e-3)}
@@ -21,29 +26,6 @@ def rand(shape, dtype=np.float32, scale=1.0):
 def positive(shape, dtype=np.float32):
     return RNG.uniform(0.5, 2.0, size=shape).astype(dtype)
 
-
-def ours(model, feeds):
-    from onnxkiln import InferenceSession
-
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
-
-
-def build(op, opset, attrs, *, n_inputs=1, n_outputs=1, const=()):
-    spec = REGISTRY.resolve("", op, opset)
-    assert spec is not None
-    info = NodeInfo(
-        name="n",
-        op_type=op,
-        domain="",
-        opset=opset,
-        attrs=attrs,
-        n_inputs=n_inputs,
-        n_outputs=n_outputs,
-        input_present=(True,) * n_inputs,
-        output_present=(True,) * n_outputs,
-        const_inputs=tuple(const) + (None,) * (n_inputs - len(const)),
-    )
-    return spec.build(info)
 
 
 # ------------------------------------------------------------------- Softmax, LogSoftmax, Hardmax

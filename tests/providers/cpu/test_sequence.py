@@ -8,6 +8,8 @@ import pytest
 
 from onnxkiln import InferenceSession
 from onnxkiln.errors import KernelError, SequenceOutputError
+from onnxkiln.testing import assert_same as _same
+from onnxkiln.testing import check_outputs_against_ort as _check
 from onnxkiln.testing import run_ort
 
 F = np.float32
@@ -21,34 +23,10 @@ def _model(text: str, opset: int = 17, check: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _same(ours, theirs, where="output"):
-    """Recursive equality for tensors, sequences (lists) and empty optionals (None)."""
-    if theirs is None:
-        assert ours is None, f"{where}: expected an empty optional, got {ours!r}"
-        return
-    if isinstance(theirs, list):
-        assert isinstance(ours, list), f"{where}: expected a sequence, got {type(ours)}"
-        assert len(ours) == len(theirs), f"{where}: length {len(ours)} vs {len(theirs)}"
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            _same(a, b, f"{where}[{i}]")
-        return
-    a, b = np.asarray(ours), np.asarray(theirs)
-    assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} vs {b.dtype}"
-    assert a.shape == b.shape, f"{where}: shape {a.shape} vs {b.shape}"
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=where)
-
 
 def _ours(model, feeds):
     return [o.value for o in InferenceSession.from_graph(model).run_outputs(feeds)]
 
-
-def _check(model, feeds):
-    ours = _ours(model, feeds)
-    theirs = run_ort(model, feeds)
-    assert len(ours) == len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        _same(a, b, f"output {i}")
-    return ours
 
 
 A = np.arange(6, dtype=F).reshape(2, 3)

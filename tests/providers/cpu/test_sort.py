@@ -8,27 +8,14 @@ import pytest
 from onnx import helper
 
 from onnxkiln import InferenceSession
-from onnxkiln.testing import assert_matches_ort, node_model, tensor_info
+from onnxkiln.testing import check_node as check
+from onnxkiln.testing import run_node as ours
+from onnxkiln.testing import tensor_info
 
 RNG = np.random.default_rng(11)
 I64 = np.int64
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-
-def check(op, feeds, inits=None, opset=21, n=1, names=None, **attrs):
-    """Run one node on onnxkiln and onnxruntime and compare; returns onnxkiln's outputs."""
-    model = node_model(
-        op, feeds, n_outputs=n, opset=opset, initializers=inits, input_names=names, **attrs
-    )
-    return assert_matches_ort(model, feeds)
-
-
-def ours(op, feeds, inits=None, opset=21, n=1, names=None, **attrs):
-    """onnxkiln's outputs only (forms onnxruntime lacks, error cases)."""
-    model = node_model(
-        op, feeds, n_outputs=n, opset=opset, initializers=inits, input_names=names, **attrs
-    )
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
 
 
 def few_values(shape, dtype):
