@@ -1,0 +1,26 @@
+"""The CUDA execution provider's kernels: torch ops, one module per op family.
+
+Importing this package needs torch (onnxkiln itself never imports it unless torch is
+present). The kernels are device-agnostic: they allocate on their inputs' device (or on
+`device.current_device()` for outputs built from host values only), so the same kernels run
+on torch's CPU device in tests.
+"""
+
+from __future__ import annotations
+
+from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the kernels)
+    attention,
+    contrib,
+    contrib_attention,
+    elementwise,
+    index,
+    misc,
+    nn,
+    reduce,
+    resize,
+    rnn,
+    tensor,
+)
+from onnxkiln.providers.cuda.registry import REGISTRY
+
+__all__ = ["REGISTRY"]

@@ -1,0 +1,146 @@
+"""ONNX element types <-> torch dtypes, and the `supports` helpers that decline the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+
+from onnxkiln.dtypes import DataType
+from onnxkiln.providers.base import NodeInfo
+
+__all__ = [
+    "FLOATS",
+    "INTS",
+    "SERVED",
+    "from_torch",
+    "needs",
+    "to_torch",
+    "to_torch_dtype",
+    "unsupported_reason",
+]
+
+_TORCH: dict[DataType, torch.dtype] = {
+    DataType.FLOAT: torch.float32,
+    DataType.DOUBLE: torch.float64,
+    DataType.FLOAT16: torch.float16,
+    DataType.BFLOAT16: torch.bfloat16,
+    DataType.INT8: torch.int8,
+    DataType.INT16: torch.int16,
+    DataType.INT32: torch.int32,
+    DataType.INT64: torch.int64,
+    DataType.UINT8: torch.uint8,
+    DataType.BOOL: torch.bool,
+}
+_FROM_TORCH = {v: k for k, v in _TORCH.items()}
+
+FLOATS = frozenset({DataType.FLOAT, DataType.DOUBLE, DataType.FLOAT16, DataType.BFLOAT16})
+INTS = frozenset({DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
+                  DataType.UINT8})
+SERVED = FLOATS | INTS | {DataType.BOOL}
+NUMERIC = FLOATS | INTS
+
+_WHY: dict[DataType, str] = {
+    DataType.UINT16: "torch has no uint16 arithmetic on CUDA",
+    DataType.UINT32: "torch has no uint32 arithmetic on CUDA",
+    DataType.UINT64: "torch has no uint64 arithmetic on CUDA",
+    DataType.STRING: "torch has no string tensors",
+    DataType.COMPLEX64: "complex64 is not supported by the torch kernels",
+    DataType.COMPLEX128: "complex128 is not supported by the torch kernels",
+}
+
+
+def to_torch_dtype(dt: DataType | int | np.dtype) -> torch.dtype:
+    """The torch dtype of an ONNX element type (or numpy dtype); KeyError if none."""
+    if isinstance(dt, np.dtype):
+        from onnxkiln.dtypes import from_numpy
+
+        dt = from_numpy(dt)
+    try:
+        return _TORCH[DataType(dt)]
+    except (KeyError, ValueError):
+        raise KeyError(f"ONNX element type {DataType(dt)} has no torch kernel dtype") from None
+
+
+def from_torch(dt: torch.dtype) -> DataType:
+    """The ONNX element type of a torch dtype."""
+    return _FROM_TORCH[dt]
+
+
+def to_torch(a: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A host numpy array as a torch tensor on `device` (bfloat16 through its bits).
+
+    On torch's CPU device the tensor shares the array's memory when the array is writable
+    and C-contiguous (kernels never write their inputs); otherwise it is a copy."""
+    a = np.asarray(a)
+    dt = DataType(_np_type(a.dtype))
+    if not a.flags.c_contiguous or not a.flags.writeable:  # negative strides, read-only maps
+        a = np.array(a, copy=True, order="C")
+    if dt == DataType.BFLOAT16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    return t.to(device=device, dtype=_TORCH[dt])
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A torch tensor as a host numpy array of the matching ONNX dtype (copies to host)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _np_type(dt: np.dtype) -> DataType:
+    from onnxkiln.dtypes import from_numpy
+
+    return from_numpy(dt)
+
+
+def _name(dt: DataType) -> str:
+    return str(dt)
+
+
+def unsupported_reason(info: NodeInfo, allowed: Iterable[DataType] = SERVED,
+                       skip_inputs: Iterable[int] = (), what: str = "") -> str | None:
+    """Why the node's known input/output dtypes are not all in `allowed`, else None.
+
+    `skip_inputs` are positions not checked (host inputs such as shapes, indices checked
+    separately). Unknown dtypes (None) pass: the kernel then meets the real tensor.
+    """
+    allowed = frozenset(allowed)
+    skip = frozenset(skip_inputs)
+    pairs = [(d, f"input {i}") for i, d in enumerate(info.input_dtypes) if i not in skip]
+    pairs += [(d, f"output {i}") for i, d in enumerate(info.output_dtypes)]
+    for dt, where in pairs:
+        if dt is None or dt in allowed:
+            continue
+        why = _WHY.get(dt)
+        if why is None:
+            if dt in _TORCH:
+                why = f"{info.op_type} on {dt} is not supported by the torch kernels"
+                if what:
+                    why += f" ({what})"
+            else:
+                why = f"dtype {dt} not supported by torch kernels"
+        return f"{why} ({where})"
+    return None
+
+
+def needs(allowed: Iterable[DataType] = SERVED, skip_inputs: Iterable[int] = (),
+          what: str = "", extra: Callable[[NodeInfo], str | None] | None = None
+          ) -> Callable[[NodeInfo], str | None]:
+    """A `supports` callable: dtype check, then an optional attribute check `extra`."""
+    allowed = frozenset(allowed)
+    skip = tuple(skip_inputs)
+
+    def supports(info: NodeInfo) -> str | None:
+        reason = unsupported_reason(info, allowed, skip, what)
+        if reason is None and extra is not None:
+            reason = extra(info)
+        return reason
+
+    return supports
