@@ -84,7 +84,7 @@ def test_providers_validation():
     with pytest.raises(InvalidOptionError, match="needs at least one provider"):
         b.providers([])
     with pytest.raises(InvalidOptionError, match=r"unknown provider 'rocm'; known providers "
-                                                 r"are \['cpu', 'cuda'\]"):
+                                                 r"are \['cpu', 'cuda', 'fuse'\]"):
         b.providers(["cpu", "rocm"])
     assert b._providers == ["cuda", "cpu"]
 
@@ -121,6 +121,9 @@ OPTION_CASES = [  # key, a valid value, an invalid value, the error it gives
     ("ep.context_node_name_prefix", "pre_", "", "needs a non-empty value"),
     ("optimized_model_path", "opt.onnx", "", "needs a non-empty value"),
     ("optimized_model_path", "opt.onnx", "out\\", "must name a file"),
+    ("memory.inplace", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
+    ("memory.track", "1", "2", r"must be one of \['0', '1'\], got '2'"),
+    ("testing.cuda_on_torch_cpu", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
 ]
 
 
@@ -129,7 +132,9 @@ def test_option_cases_cover_every_documented_key():
 
 
 @pytest.mark.parametrize(("key", "good", "bad", "error"), OPTION_CASES)
-def test_each_option_key_accepts_valid_and_rejects_invalid_values(key, good, bad, error):
+def test_each_option_key_accepts_valid_and_rejects_invalid_values(key, good, bad, error,
+                                                                  tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # file options write there
     s = InferenceSession.builder().option(key, good).from_graph(_pair_model())
     assert s._options == {key: good}
     with pytest.raises(InvalidOptionError, match=f"option '{key}' {error}"):
@@ -144,7 +149,8 @@ def test_unknown_option_lists_every_valid_key_and_the_closest():
     assert str(info.value) == (
         "unknown session option 'ep.context_embedmode'; valid keys are ['decode.verify', "
         "'ep.context_embed_mode', 'ep.context_enable', 'ep.context_file_path', "
-        "'ep.context_node_name_prefix', 'optimized_model_path']; did you mean "
+        "'ep.context_node_name_prefix', 'memory.inplace', 'memory.track', "
+        "'optimized_model_path', 'testing.cuda_on_torch_cpu']; did you mean "
         "'ep.context_embed_mode'?")
     assert isinstance(info.value, KeyError)
 

@@ -288,7 +288,7 @@ def test_values_are_freed_after_their_last_use():
          helper.make_node("Add", ["x", "b"], ["y"])],
         [tensor_info("x", np.float32, [2])], [tensor_info("y", np.float32, [2])],
     )
-    s = InferenceSession.from_graph(model)
+    s = InferenceSession.builder().option("memory.inplace", "0").from_graph(model)
     plan = s._plan
     slot = {n: i for i, n in enumerate(plan.slot_names)}
     assert plan.last_use[slot["a"]] == 1 and plan.last_use[slot["b"]] == 2
@@ -339,3 +339,10 @@ def test_string_initializers_come_out_as_str_objects():
     )
     y = InferenceSession.from_graph(model).run({})[0]
     assert y.dtype == object and y.tolist() == ["ab", "é"]
+
+
+def test_a_name_in_the_wrong_case_suggests_the_right_one():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])],
+                       [tensor_info("x", np.float32, [2])], [tensor_info("y", np.float32, [2])])
+    with pytest.raises(InputNotFoundError, match="unknown input 'X'.*did you mean 'x'"):
+        InferenceSession.from_graph(model).run({"X": np.zeros(2, np.float32)})

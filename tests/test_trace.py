@@ -175,7 +175,7 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
     from onnxkiln import session as session_module
     from onnxkiln.partition import Placement
     from onnxkiln.providers.base import KernelRegistry
-    from onnxkiln.providers.cpu import REGISTRY as CPU
+    from onnxkiln.providers.cpu.provider import CpuProvider
     from onnxkiln.types import DeviceId, DeviceType
 
     registry = KernelRegistry("cpu")
@@ -189,7 +189,11 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
             return np.maximum(x, 0)
         return run
 
-    placement = Placement((registry, CPU), DeviceId(DeviceType.CPU), "cpu", None)
+    class Custom(CpuProvider):
+        pass
+
+    Custom.registry = registry
+    placement = Placement((Custom(), CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
     monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
     model = make_model([helper.make_node("Relu", ["x"], ["y"])],
                        [tensor_info("x", np.float32, [2, 2])],

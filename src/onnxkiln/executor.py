@@ -5,6 +5,17 @@ A second generated function wraps each step in hook calls (tracing, memory limit
 cancellation); subgraph bodies take it when the run in progress on their thread is
 traced or cancellable.
 
+In-place: on the steps `memory.plan_donations` clears statically, the call passes the
+dying input's array as `out=` when a runtime guard holds: it is an ndarray of at least
+MIN_DONATE_BYTES that owns its data (`base is None`, or a view of a base nothing else
+references) and whose reference count is exactly the one local variable's (calibrated at
+import with the same guard expression), so an array still held anywhere else (a kernel
+cache, a live view, a sequence, the caller) is never passed.
+The kernel falls back to a fresh buffer when the array does not fit; a bare ufunc kernel
+is retried without `out=` when numpy refuses it (broadcast shape, casting, read-only).
+`ONNXKILN_INPLACE=0` in the environment (read when a plan is compiled) or the session
+option `memory.inplace=0` turns donation off.
+
 Every exception a run lets out is a `SessionError`: a kernel's exception becomes a
 `KernelError` naming the node (the original chained), out-of-memory and recursion
 errors included.
@@ -14,13 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import KernelError, RunCancelledError, SessionError
+from onnxkiln.memory import plan_donations
 from onnxkiln.plan import Plan, Step
 from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
 
@@ -47,11 +63,17 @@ class CompiledPlan:
     untraced path carries no per-op check at all.
     """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, inplace: bool | None = None) -> None:
         self.plan = plan
         self.filename = f"<onnxkiln plan {next(_counter)}>"
-        source, self._line_steps = _generate(plan)
-        namespace: dict[str, Any] = {}
+        if inplace is None:
+            inplace = inplace_default()
+        self.inplace = inplace and _RC is not None
+        self.donations = plan_donations(plan) if self.inplace else {}
+        source, self._line_steps = _generate(plan, self.donations)
+        namespace: dict[str, Any] = {"_rc": sys.getrefcount, "_nd": np.ndarray, "_RC": _RC,
+                                     "_MIN": MIN_DONATE_BYTES, "_sole": _sole_base,
+                                     "_OutErr": (ValueError, TypeError)}
         for i, step in enumerate(plan.steps):
             namespace[f"k{i}"] = step.kernel
         for s, value in plan.constants.items():
@@ -119,8 +141,60 @@ class CompiledPlan:
         return None
 
 
-def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
+def inplace_default() -> bool:
+    """In-place donation unless `ONNXKILN_INPLACE` is "0" (benchmarks compare both)."""
+    return os.environ.get("ONNXKILN_INPLACE", "1").strip() != "0"
+
+
+MIN_DONATE_BYTES = 4096
+"""Smaller arrays are not donated: numpy's allocator caches them cheaply, and a ufunc
+writing into its own single-element input takes a slow overlap path (~2 µs measured)."""
+
+
+def _guard(var: str) -> str:
+    """The runtime donation guard: `var` is an ndarray of at least MIN_DONATE_BYTES that
+    owns its data or is a view of an array only it references (a kernel's reshaped
+    temporary, e.g. MatMul's), and only its local variable references it (`_RC` is
+    calibrated)."""
+    return (f"_nd is type({var}) and {var}.nbytes >= _MIN and ({var}.base is None or "
+            f"_sole({var})) and _rc({var}) == _RC")
+
+
+def _sole_base(v: np.ndarray) -> bool:
+    """Whether v's base is an array owning its data that nothing but v references."""
+    b = v.base
+    return type(b) is np.ndarray and b.base is None and sys.getrefcount(b) == _RC_BASE
+
+
+def _base_count(v: np.ndarray) -> int:
+    """`_sole_base`'s reference count of v.base, measured the same way (for calibration)."""
+    b = v.base
+    return sys.getrefcount(b)
+
+
+_RC_BASE = _base_count(np.empty(8).reshape(2, 4))
+
+
+def _calibrate() -> int | None:
+    """`sys.getrefcount` of an array held by one local, inside the guard expression
+    (`_guard` with `_MIN` 0 and `_RC` replaced by the count itself), as the generated code
+    evaluates it; None (no donation at all) if two runs of the probe disagree."""
+    guard = _guard("v0").replace(" == _RC", "")
+    source = f"def probe():\n    v0 = _new(1024)\n    return {guard}\n"
+    namespace: dict[str, Any] = {"_rc": sys.getrefcount, "_nd": np.ndarray, "_MIN": 0,
+                                 "_new": np.empty, "_sole": _sole_base}
+    exec(compile(source, "<onnxkiln calibrate>", "exec"), namespace)
+    a, b = namespace["probe"](), namespace["probe"]()
+    return a if a == b and type(a) is int and a >= 1 else None
+
+
+_RC = _calibrate()
+
+
+def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
+              ) -> tuple[str, dict[int, int]]:
     """Source of `run` and `run_hooked`, and a map from kernel-call line to step index."""
+    donations = donations or {}
 
     def ref(slot: int | None) -> str:
         if slot is None:
@@ -163,6 +237,9 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
                 for j, s in enumerate(step.outputs):
                     if s is not None:
                         emit(f"v{s} = _t[{j}]", i)
+                emit("del _t")  # the tuple would keep its items' reference counts up
+            elif i in donations:
+                _emit_donating(emit, i, step, args, donations[i][1])
             elif step.outputs and step.outputs[0] is not None:
                 emit(f"v{step.outputs[0]} = k{i}({args})", i)
             else:
@@ -173,6 +250,22 @@ def _generate(plan: Plan) -> tuple[str, dict[int, int]]:
             dels(i)
         emit(f"return [{', '.join(ref(s) for s in plan.output_slots)}]")
     return "\n".join(lines) + "\n", line_steps
+
+
+def _emit_donating(emit: Callable[..., None], i: int, step: Step, args: str, slot: int) -> None:
+    """The call with the dying input v{slot} as `out=` when the runtime guard holds, else
+    the plain call; a bare ufunc (it raises instead of falling back) is retried without."""
+    plain = f"v{step.outputs[0]} = k{i}({args})"
+    emit(f"if {_guard(f'v{slot}')}:", i)
+    if isinstance(step.kernel, np.ufunc):
+        emit("    try:")
+        emit(f"        v{step.outputs[0]} = k{i}({args}, out=v{slot})", i)
+        emit("    except _OutErr:")
+        emit("        " + plain, i)
+    else:
+        emit(f"    v{step.outputs[0]} = k{i}({args}, out=v{slot})", i)
+    emit("else:")
+    emit("    " + plain, i)
 
 
 class CancelHook:

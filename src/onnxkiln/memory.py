@@ -1,4 +1,15 @@
-"""Live-byte accounting for `SessionBuilder.memory_limit`.
+"""Memory planning: in-place donation of dying buffers, and live-byte accounting.
+
+In-place: `plan_donations` picks, per step whose kernel declares `inplace` input positions
+(see `inplace_positions`), a dying input whose buffer the kernel may write its result into.
+The static check: the value is produced by a non-view step of this plan (not a graph input,
+output, initializer or constant, nor a captured outer value), this step is its last use,
+it is read once by the step, and no view of it (Reshape, Squeeze...) is still live or read
+by the same step. The executor adds a runtime guard (an ndarray owning its data whose only
+references are the executor's own, see executor.py) and the kernel falls back to a fresh
+buffer when the donated one does not fit (broadcasting, dtype, read-only).
+
+Accounting for `SessionBuilder.memory_limit` / `memory.track`:
 
 Counted: the run's inputs and every value a step produces, from its creation until its
 last use (outputs until the run returns). Not counted: weights and other constants
@@ -25,7 +36,16 @@ import onnx_ir as ir
 from onnxkiln.errors import MemoryLimitError
 from onnxkiln.plan import Plan, Step
 
-__all__ = ["MemoryPlan", "MemoryTracker", "ShapeOracle", "value_bytes"]
+__all__ = [
+    "MemoryPlan",
+    "MemoryTracker",
+    "PeakPlanner",
+    "ShapeOracle",
+    "inplace_positions",
+    "plan_donations",
+    "simulate",
+    "value_bytes",
+]
 
 _SMALL = 4096  # initializers up to this many elements stay in the shape-inference copy
 
@@ -39,10 +59,57 @@ def value_bytes(value: Any) -> int:
     return 0
 
 
-class MemoryPlan:
-    """Per step: the slots it writes and the slots that die after it; view aliasing."""
+def inplace_positions(step: Step) -> tuple[int, ...]:
+    """Input positions whose buffer the step's kernel may write its result into when the
+    executor passes it as `out=` (`KernelSpec.inplace`)."""
+    return step.spec.inplace
 
-    def __init__(self, plan: Plan) -> None:
+
+def plan_donations(plan: Plan) -> dict[int, tuple[int, int]]:
+    """Step index -> (input position, slot) of the dying input it may overwrite.
+
+    Only single-output steps whose kernel declares in-place positions; the first
+    position whose value passes the static check (module docstring) wins.
+    """
+    excluded = set(plan.input_slots) | set(plan.constants) | set(plan.output_slots)
+    root: dict[int, int] = {}  # slot -> the slot owning its storage (itself unless a view)
+    members: dict[int, list[int]] = {}
+    for step in plan.steps:
+        source = _view_source(step)
+        for s in step.outputs:
+            if s is None or s in root:
+                continue
+            r = s if source is None else root.get(source, source)
+            root[s] = r
+            members.setdefault(r, []).append(s)
+    never = len(plan.steps)
+    donations: dict[int, tuple[int, int]] = {}
+    for i, step in enumerate(plan.steps):
+        positions = inplace_positions(step)
+        if (not positions or step.spec.multi_output or not step.outputs
+                or step.outputs[0] is None):
+            continue
+        for p in positions:
+            s = step.inputs[p] if p < len(step.inputs) else None
+            if (s is None or s in excluded or root.get(s) != s
+                    or plan.last_use.get(s) != i or step.inputs.count(s) != 1):
+                continue
+            group = members[s]
+            if any(m in excluded or plan.last_use.get(m, never) > i for m in group):
+                continue
+            if any(root.get(t) == s for t in step.inputs if t is not None and t != s):
+                continue
+            donations[i] = (p, s)
+            break
+    return donations
+
+
+class MemoryPlan:
+    """Per step: the slots it writes and the slots that die after it; view aliasing and
+    the in-place donations the executor makes (`donated[i]`: (position, slot) or None)."""
+
+    def __init__(self, plan: Plan, donations: dict[int, tuple[int, int]] | None = None
+                 ) -> None:
         self.plan = plan
         self.inputs = [s for s in plan.input_slots if s not in plan.constants]
         dead: dict[int, list[int]] = {}
@@ -53,6 +120,8 @@ class MemoryPlan:
         self.dead_after = [tuple(dead.get(i, ())) for i in range(len(plan.steps))]
         self.outputs = [tuple(s for s in st.outputs if s is not None) for st in plan.steps]
         self.view_of = [_view_source(st) for st in plan.steps]
+        donations = plan_donations(plan) if donations is None else donations
+        self.donated = [donations.get(i) for i in range(len(plan.steps))]
 
 
 def _view_source(step: Step) -> int | None:
@@ -107,11 +176,15 @@ def _limit_error(step: Step, before: int, out_bytes: int, limit: int, when: str)
     return err
 
 
-def simulate(mplan: MemoryPlan, sizes: dict[int, int | None], limit: int) -> int:
+def simulate(mplan: MemoryPlan, sizes: dict[int, int | None], limit: int | float) -> int:
     """Walk the plan with known sizes (unknown count 0); raise at the first crossing.
 
-    Returns the predicted peak, a lower bound when some sizes are unknown.
+    Returns the predicted peak, a lower bound when some sizes are unknown. A donated
+    input of the same size as the output, at least MIN_DONATE_BYTES, is assumed reused
+    (the runtime guard may still refuse it, e.g. when a kernel keeps a reference).
     """
+    from onnxkiln.executor import MIN_DONATE_BYTES as min_donate  # executor imports us
+
     ledger = _Ledger()
     for s in mplan.inputs:
         ledger.own(s, sizes.get(s) or 0)
@@ -120,7 +193,11 @@ def simulate(mplan: MemoryPlan, sizes: dict[int, int | None], limit: int) -> int
         ledger.release(s)
     for i, step in enumerate(mplan.plan.steps):
         before = ledger.live
-        _produce(ledger, mplan, i, [sizes.get(s) or 0 for s in mplan.outputs[i]])
+        out_sizes = [sizes.get(s) or 0 for s in mplan.outputs[i]]
+        donated = mplan.donated[i]
+        reused = (donated is not None and bool(out_sizes) and out_sizes[0] >= min_donate
+                  and out_sizes[0] > 0 and sizes.get(donated[1]) == out_sizes[0])
+        _produce(ledger, mplan, i, out_sizes, reused)
         if ledger.live > limit:
             raise _limit_error(step, before, ledger.live - before, limit,
                                "predicted from shape inference before running")
@@ -130,9 +207,13 @@ def simulate(mplan: MemoryPlan, sizes: dict[int, int | None], limit: int) -> int
     return ledger.peak
 
 
-def _produce(ledger: _Ledger, mplan: MemoryPlan, i: int, nbytes: Sequence[int]) -> None:
+def _produce(ledger: _Ledger, mplan: MemoryPlan, i: int, nbytes: Sequence[int],
+             reused: bool = False) -> None:
+    outputs = mplan.outputs[i]
+    if reused and ledger.alias(outputs[0], mplan.donated[i][1]):  # type: ignore[index]
+        return  # written into the dying input's buffer: no new bytes
     source = mplan.view_of[i]
-    for s, n in zip(mplan.outputs[i], nbytes):
+    for s, n in zip(outputs, nbytes):
         if source is None or not ledger.alias(s, source):
             ledger.own(s, n)
 
@@ -140,12 +221,14 @@ def _produce(ledger: _Ledger, mplan: MemoryPlan, i: int, nbytes: Sequence[int]) 
 class MemoryTracker:
     """Executor hooks for one run: observed live bytes, checked as each kernel returns."""
 
-    __slots__ = ("_ledger", "_limit", "_mplan")
+    __slots__ = ("_ledger", "_limit", "_mplan", "reuses", "sizes")
 
-    def __init__(self, mplan: MemoryPlan, limit: int, inputs: Sequence[Any]) -> None:
+    def __init__(self, mplan: MemoryPlan, limit: int | float, inputs: Sequence[Any]) -> None:
         self._mplan = mplan
         self._limit = limit
         self._ledger = _Ledger()
+        self.reuses = 0  # steps whose output was written into their donated input
+        self.sizes: dict[int, int] = {}  # bytes of each value produced, by slot
         by_slot = dict(zip(mplan.plan.input_slots, inputs))
         for s in mplan.inputs:
             self._ledger.own(s, value_bytes(by_slot.get(s)))
@@ -164,7 +247,13 @@ class MemoryTracker:
     def finish(self, index: int, ins: tuple, outs: tuple) -> None:
         ledger = self._ledger
         before = ledger.live
-        _produce(ledger, self._mplan, index, [value_bytes(v) for v in outs])
+        donated = self._mplan.donated[index]
+        reused = donated is not None and bool(outs) and outs[0] is ins[donated[0]]
+        if reused:
+            self.reuses += 1
+        nbytes = [value_bytes(v) for v in outs]
+        self.sizes.update(zip(self._mplan.outputs[index], nbytes))
+        _produce(ledger, self._mplan, index, nbytes, reused)
         if ledger.live > self._limit:
             step = self._mplan.plan.steps[index]
             raise _limit_error(step, before, ledger.live - before, self._limit,
@@ -174,6 +263,49 @@ class MemoryTracker:
             ledger.peak = ledger.live
         for s in self._mplan.dead_after[index]:
             ledger.release(s)
+
+
+class PeakPlanner:
+    """Planned peak live bytes per input signature: `simulate` over value sizes from onnx
+    shape inference, completed by the sizes a tracked run of the signature observed
+    (inference knows nothing of custom-domain ops such as the optimizer's fusions).
+    Computed on demand and cached: `memory_stats()` costs nothing until asked for."""
+
+    def __init__(self, model: ir.Model, mplan: MemoryPlan) -> None:
+        self._model = model
+        self._mplan = mplan
+        self._oracle: ShapeOracle | None = None
+        self._inferred: dict[Hashable, dict[int, int | None]] = {}
+        self._observed: dict[Hashable, dict[int, int]] = {}
+        self._peaks: dict[Hashable, int] = {}
+
+    def observe(self, signature: Hashable, sizes: dict[int, int]) -> None:
+        """Value sizes a tracked run with this signature measured."""
+        self._observed[signature] = sizes
+        self._peaks.pop(signature, None)
+
+    def peak(self, signature: Hashable) -> int:
+        """Predicted peak for this signature (a lower bound while sizes are unknown)."""
+        found = self._peaks.get(signature)
+        if found is None:
+            sizes = dict(self._infer(signature))
+            for s, n in self._observed.get(signature, {}).items():
+                if sizes.get(s) is None:
+                    sizes[s] = n
+            found = self._peaks[signature] = simulate(self._mplan, sizes, math.inf)
+        return found
+
+    def _infer(self, signature: Hashable) -> dict[int, int | None]:
+        found = self._inferred.get(signature)
+        if found is None:
+            try:
+                if self._oracle is None:
+                    self._oracle = ShapeOracle(self._model, self._mplan.plan)
+                found = self._oracle.sizes(signature)  # type: ignore[arg-type]
+            except Exception:  # advisory: unknown sizes count 0
+                found = {}
+            self._inferred[signature] = found
+        return found
 
 
 class ShapeOracle:

@@ -18,6 +18,10 @@ KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "ep.context_node_name_prefix": None,
     "decode.verify": ("0", "1"),
     "optimized_model_path": None,
+    "memory.inplace": ("0", "1"),  # write elementwise results into dying inputs (default 1)
+    "memory.track": ("0", "1"),  # measure each run's peak live bytes (memory_stats())
+    # test-only: run the CUDA provider's torch kernels on torch's CPU device (no GPU needed)
+    "testing.cuda_on_torch_cpu": ("0", "1"),
 }
 FILE_OPTIONS = frozenset({"ep.context_file_path", "optimized_model_path"})
 

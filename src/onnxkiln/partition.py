@@ -1,37 +1,73 @@
-"""Which providers serve a session: device and provider requests -> kernel registries."""
+"""Which provider runs each node: device requests -> providers, node placement, device copies.
+
+A session asks for providers in priority order (`device("cuda")` means cuda then cpu). Each
+node goes to the first provider that claims it; the others fall back, the reason recorded.
+Shape computations (Shape -> Gather -> Concat -> ...) whose inputs are all host-side shape
+values stay on the host, so a device session does not sync to read a shape back. Copies are
+inserted only where a value crosses between host and device, once per value and direction.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx_ir as ir
 
 from onnxkiln.errors import ExecutionProviderUnavailableError, InvalidOptionError
-from onnxkiln.providers.base import KernelRegistry
-from onnxkiln.types import DeviceId, DeviceType
+from onnxkiln.plan import Plan, Step, lifetimes
+from onnxkiln.providers.base import ExecutionProvider, KernelRegistry, KernelSpec, NodeInfo
+from onnxkiln.types import DeviceId, ExecutionProviderFallbackReport, ProviderDecline
 
-__all__ = ["Placement", "select_providers"]
+__all__ = ["Placement", "Placer", "insert_copies", "select_providers", "with_context_providers"]
 
 logger = logging.getLogger(__name__)
-KNOWN_PROVIDERS = ("cpu", "cuda")
+KNOWN_PROVIDERS = ("cpu", "cuda", "fuse")
+TORCH_CPU_OPTION = "testing.cuda_on_torch_cpu"
 _warned: set[str] = set()
+_INTEGER_KINDS = "iub"
+_MAKES_CONTAINERS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert",
+                               "SequenceErase", "SplitToSequence", "Optional", "SequenceMap"})
+_MAKES_DATA = frozenset({"ConstantOfShape", "Cast", "CastLike", "EyeLike"})  # from a shape
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The registries a session uses, its device, and why an accelerator was not used."""
+    """The providers a session uses in priority order, its device, and what was asked.
 
-    registries: tuple[KernelRegistry, ...]
+    `strict`: the accelerator was requested without "cpu", so any node it declines is an
+    error rather than a fallback. `fallback_reason`: why a requested accelerator could not
+    be used at all (the whole session runs on the CPU).
+    """
+
+    providers: tuple[ExecutionProvider, ...]
     device: DeviceId
     requested: str
     fallback_reason: str | None
+    strict: bool = False
+
+    @property
+    def registries(self) -> tuple[KernelRegistry, ...]:
+        """The providers' kernel registries, in priority order."""
+        return tuple(p.registry for p in self.providers)
+
+    @property
+    def on_device(self) -> bool:
+        """Whether a provider other than the host's runs nodes."""
+        return any(not p.on_host for p in self.providers)
 
 
-def select_providers(device: str, providers: Sequence[str] | None) -> Placement:
-    """Resolve `device("auto"|"cpu"|"cuda[:N]")` and `providers([...])` to registries."""
-    from onnxkiln.providers.cpu import REGISTRY as CPU
+def select_providers(device: str, providers: Sequence[str] | None,
+                     options: dict[str, str] | None = None) -> Placement:
+    """Resolve `device("auto"|"cpu"|"cuda[:N]")` and `providers([...])` to providers."""
+    from onnxkiln.providers.cpu.provider import CpuProvider
 
+    cpu = CpuProvider()
     names = [p.lower() for p in providers] if providers else None
     if names is not None:
         for name in names:
@@ -42,10 +78,27 @@ def select_providers(device: str, providers: Sequence[str] | None) -> Placement:
         if not names:
             raise InvalidOptionError("providers([...]) needs at least one provider")
     wanted = names[0] if names else device
-    if wanted in ("auto", "cpu"):  # no CUDA provider exists yet, so "auto" is the CPU
-        return Placement((CPU,), DeviceId(DeviceType.CPU), wanted, None)
-    reason = _cuda_unavailable_reason()
-    if names is not None and "cpu" not in names:
+    if wanted == "fuse":  # a host compiler: what it does not take runs on the CPU provider
+        from onnxkiln.providers.fuse import FuseProvider
+
+        return Placement((FuseProvider(), cpu), cpu.device, "fuse", None)
+    if wanted == "cpu":
+        return Placement((cpu,), cpu.device, wanted, None)
+    on_torch_cpu = (options or {}).get(TORCH_CPU_OPTION) == "1"
+    strict = names is not None and "cpu" not in names
+    reason = _cuda_unavailable_reason(wanted) if not on_torch_cpu else None
+    if reason is None:
+        import torch
+
+        from onnxkiln.providers.cuda.provider import TorchProvider
+
+        target = torch.device("cpu") if on_torch_cpu else torch.device(_cuda_name(wanted))
+        gpu = TorchProvider(target)
+        chain = (gpu,) if strict else (gpu, cpu)
+        return Placement(chain, gpu.device, "cuda", None, strict)
+    if wanted == "auto":  # no accelerator here: the CPU serves the session, nothing to report
+        return Placement((cpu,), cpu.device, "cpu", None)
+    if strict:
         raise ExecutionProviderUnavailableError(
             f"provider 'cuda' was requested without 'cpu' and cannot run: {reason}. "
             "Add 'cpu' to the providers list to allow fallback."
@@ -53,15 +106,217 @@ def select_providers(device: str, providers: Sequence[str] | None) -> Placement:
     if reason not in _warned:
         _warned.add(reason)
         logger.warning("CUDA requested but unavailable (%s); the session runs on the CPU", reason)
-    return Placement((CPU,), DeviceId(DeviceType.CPU), wanted, reason)
+    return Placement((cpu,), cpu.device, "cuda", reason)
 
 
-def _cuda_unavailable_reason() -> str:
-    """Why a CUDA session cannot run here (the CUDA provider lands in a later issue)."""
+def with_context_providers(placement: Placement) -> Placement:
+    """The placement plus the host providers that run loaded EPContext partitions (the fuse
+    provider's FusedPartition, other compilers' LoadedPartition), before the CPU provider."""
+    from onnxkiln.ep_context import ContextProvider
+    from onnxkiln.providers.fuse import FuseProvider
+
+    have = {p.name for p in placement.providers}
+    extra = tuple(p for p in (FuseProvider(), ContextProvider()) if p.name not in have)
+    if not extra:
+        return placement
+    chain = list(placement.providers)
+    at = next((i for i, p in enumerate(chain) if p.name == "cpu"), len(chain))
+    chain[at:at] = extra
+    return dataclasses.replace(placement, providers=tuple(chain))
+
+
+def _cuda_name(wanted: str) -> str:
+    return wanted if wanted.startswith("cuda:") else "cuda:0"
+
+
+def _cuda_unavailable_reason(wanted: str) -> str | None:
+    """Why CUDA cannot run here, or None when it can. Checks cheap signs of a GPU before
+    importing torch, so a CPU-only machine with torch installed pays nothing for "auto"."""
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed"
+    if not os.path.exists("/dev/nvidiactl") and "torch" not in __import__("sys").modules:
+        return "no CUDA device"
     import torch
 
     if not torch.cuda.is_available():
         return "no CUDA device"
-    return "onnxkiln's CUDA provider is not implemented yet"
+    index = int(wanted.split(":")[1]) if wanted.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        return f"no CUDA device {index} (this machine has {torch.cuda.device_count()})"
+    return None
+
+
+@dataclass
+class Placer:
+    """Chooses a provider per node while the plan is built, recording every decline."""
+
+    placement: Placement
+    declines: list[ProviderDecline] = field(default_factory=list)
+    _shape_slots: set[int] = field(default_factory=set)
+    _container_slots: set[int] = field(default_factory=set)  # sequences, optionals
+
+    @property
+    def host(self) -> ExecutionProvider:
+        """The host provider (subgraph bodies and Constant nodes always run there)."""
+        for p in self.placement.providers:
+            if p.on_host:
+                return p
+        from onnxkiln.providers.cpu.provider import CpuProvider
+
+        return CpuProvider()
+
+    def choose(self, node_id: int, info: NodeInfo, in_slots: Sequence[int | None],
+               out_slots: Sequence[int | None], constants: dict[int, Any],
+               depth: int) -> tuple[KernelSpec | None, str]:
+        """The kernel spec and provider name for a node; (None, "") when nobody runs it."""
+        providers = self.placement.providers
+        if depth > 0 or (info.op_type == "Constant" and info.domain == ""):
+            providers = (self.host,)
+        elif self._is_shape_math(info, in_slots, constants) and len(providers) > 1:
+            providers = (self.host,)
+            if not self.placement.providers[0].on_host:
+                self._decline(node_id, info, "shape computation kept on the host, where its "
+                                             "inputs are (avoids a device round trip)")
+        elif any(s in self._container_slots for s in in_slots) and len(providers) > 1:
+            providers = (self.host,)
+            if info.op_type in ("Identity", "If", "Loop"):  # pass containers through
+                self._container_slots.update(s for s in out_slots if s is not None)
+            if not self.placement.providers[0].on_host:
+                self._decline(node_id, info, "reads a sequence or optional: those stay on the "
+                                             "host")
+        if info.op_type in _MAKES_CONTAINERS or _container_outputs(info):
+            self._container_slots.update(s for s in out_slots if s is not None)
+        reasons: list[str] = []
+        for provider in providers:
+            reason = provider.claims(info)
+            if reason is not None:
+                reasons.append(reason)
+                continue
+            spec = provider.registry.resolve(info.domain, info.op_type, info.opset)
+            if reasons and depth == 0:
+                self._decline(node_id, info, reasons[0])
+            if spec.host_outputs or (provider.on_host
+                                     and self._is_shape_math(info, in_slots, constants)):
+                self._shape_slots.update(s for s in out_slots if s is not None)
+            return spec, provider.name
+        if self.placement.strict and depth == 0 and reasons:
+            # the session will refuse to build, listing every decline: plan on the host
+            self._decline(node_id, info, reasons[0])
+            spec = self.host.registry.resolve(info.domain, info.op_type, info.opset)
+            return spec, (self.host.name if spec is not None else "")
+        return None, ""
+
+    def _is_shape_math(self, info: NodeInfo, in_slots: Sequence[int | None],
+                       constants: dict[int, Any]) -> bool:
+        live = [s for s in in_slots if s is not None and s not in constants]
+        if not live or not all(s in self._shape_slots for s in live):
+            return False
+        if info.op_type in _MAKES_DATA:
+            return False
+        return all(d is None or d.numpy.kind in _INTEGER_KINDS for d in info.output_dtypes)
+
+    def _decline(self, node_id: int, info: NodeInfo, reason: str) -> None:
+        self.declines.append(ProviderDecline(node_id, info.name, info.domain, info.op_type,
+                                             reason))
+
+    def report(self, plan: Plan) -> ExecutionProviderFallbackReport | None:
+        """The placement report (SPEC §6), or None when the requested provider ran it all."""
+        p = self.placement
+        if p.fallback_reason is not None:
+            return ExecutionProviderFallbackReport(p.requested, "cpu", True, p.fallback_reason,
+                                                   [], _assigned(plan))
+        if not self.declines:
+            return None
+        return ExecutionProviderFallbackReport(p.requested, "cpu", False, None,
+                                               list(self.declines), _assigned(plan))
+
+
+def _container_outputs(info: NodeInfo) -> bool:
+    node = info.node
+    return node is not None and any(
+        v is not None and v.type is not None and not isinstance(v.type, ir.TensorType)
+        for v in node.outputs)
+
+
+def _assigned(plan: Plan) -> dict[str, list[str]]:
+    ops: dict[str, set[str]] = {}
+    for step in plan.steps:
+        if step.node_id >= 0:
+            ops.setdefault(step.provider, set()).add(f"{step.domain or 'ai.onnx'}::{step.op_type}")
+    return {k: sorted(v) for k, v in ops.items()}
+
+
+_COPY_TO_DEVICE = KernelSpec("onnxkiln", "MemcpyFromHost", 1, None, lambda x: x,
+                             variant="memcpy.host_to_device")
+_COPY_TO_HOST = KernelSpec("onnxkiln", "MemcpyToHost", 1, None, lambda x: x,
+                           variant="memcpy.device_to_host")
+
+
+def insert_copies(plan: Plan, providers: Sequence[ExecutionProvider],
+                  keep_on_device: frozenset[int] = frozenset()) -> Plan:
+    """Add host<->device copy steps where a value crosses, and device copies of constants.
+
+    Graph inputs arrive on the host (a device tensor passed in is taken as it is by the
+    upload); graph outputs are brought to the host, except the slots in `keep_on_device`
+    (outputs bound to device buffers). Each value is copied at most once per
+    direction; constants a device kernel reads are uploaded here, once, at plan time.
+    """
+    by_name = {p.name: p for p in providers}
+    if all(p.on_host for p in providers):
+        return plan
+    names = list(plan.slot_names)
+    constants = dict(plan.constants)
+    device = next(p for p in providers if not p.on_host)
+    where: dict[int, str] = dict.fromkeys(plan.input_slots, "caller")  # numpy or device
+    copies: dict[tuple[int, str], int] = {}
+    steps: list[Step] = []
+
+    def new_slot(label: str) -> int:
+        names.append(label)
+        return len(names) - 1
+
+    def on(slot: int, target: ExecutionProvider | None) -> int:
+        """`slot`'s value where `target` (None: the host) reads it."""
+        dest = "host" if target is None or target.on_host else target.name
+        if slot in plan.constants:
+            if dest == "host":
+                return slot
+            key = (slot, dest)
+            if key not in copies:
+                copies[key] = new_slot(f"{names[slot]}@{dest}")
+                constants[copies[key]] = target.to_device(plan.constants[slot])
+            return copies[key]
+        src = where.get(slot, "host")
+        if src == dest:
+            return slot
+        key = (slot, dest)
+        if key not in copies:
+            if dest == "host":
+                owner = device if src == "caller" else by_name[src]
+                mover, spec, provider = owner.to_host, _COPY_TO_HOST, owner.name
+            else:
+                if src not in ("host", "caller", dest):  # between two devices: via the host
+                    slot = on(slot, None)
+                mover, spec, provider = target.to_device, _COPY_TO_DEVICE, dest
+            out = copies[key] = new_slot(f"{names[slot]}@{dest}")
+            steps.append(Step(-1, f"copy '{names[slot]}' to {dest}", spec.op_type, spec.domain,
+                              1, provider, spec, mover, (slot,), (out,)))
+            where[out] = dest
+        return copies[key]
+
+    for step in plan.steps:
+        provider = by_name[step.provider]
+        inputs = tuple(
+            None if s is None
+            else on(s, None if i in step.spec.host_inputs else provider)
+            for i, s in enumerate(step.inputs)
+        )
+        steps.append(dataclasses.replace(step, inputs=inputs))
+        dest = "host" if provider.on_host or step.spec.host_outputs else provider.name
+        where.update((s, dest) for s in step.outputs if s is not None)
+    outputs = [s if s in keep_on_device else on(s, None) for s in plan.output_slots]
+    may_alias = [alias and new == old for alias, new, old
+                 in zip(plan.output_may_alias, outputs, plan.output_slots)]
+    last_use = lifetimes(steps, plan.input_slots, outputs, constants)
+    return Plan(steps, names, plan.input_slots, plan.input_defaults, outputs, constants,
+                last_use, may_alias)

@@ -21,7 +21,7 @@ from onnxkiln.providers.base import (
 )
 from onnxkiln.schema import schema_defaults
 
-__all__ = ["Plan", "Step", "build_plan", "free_values"]
+__all__ = ["Plan", "Step", "build_plan", "free_values", "lifetimes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +63,18 @@ def build_plan(
     model: ir.Model,
     registries: Sequence[KernelRegistry],
     stats: ControlFlowCounter | None = None,
+    placer: Any = None,
 ) -> Plan:
-    """Resolve a kernel for every node and lay out slots; all missing kernels fail at once."""
+    """Resolve a kernel for every node and lay out slots; all missing kernels fail at once.
+
+    Without a `placer` each node takes the first registry with a kernel for it; with one
+    (partition.Placer: device sessions) the placer chooses and records what it declined.
+    """
     ctx = _Context(
         {normalize_domain(d): v for d, v in model.opset_imports.items()},
         tuple(registries),
         stats if stats is not None else ControlFlowCounter(),
+        placer,
     )
     plan = _graph_plan(model.graph, ctx, (), 0)
     if ctx.missing:
@@ -85,7 +91,14 @@ class _Context:
     opsets: dict[str, int]
     registries: tuple[KernelRegistry, ...]
     stats: ControlFlowCounter
+    placer: Any = None
     missing: list[str] = field(default_factory=list)
+
+    def choose(self, node_id: int, node: ir.Node, info: NodeInfo, in_slots, out_slots,
+               constants: dict[int, Any], depth: int) -> tuple[KernelSpec | None, str]:
+        if self.placer is not None:
+            return self.placer.choose(node_id, info, in_slots, out_slots, constants, depth)
+        return _resolve(self.registries, info.domain, node.op_type, info.opset)
 
 
 def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], depth: int) -> Plan:
@@ -120,15 +133,15 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
     for node_id, node in enumerate(graph):
         domain = normalize_domain(node.domain)
         opset = ctx.opsets.get(domain, 1)
-        spec, provider = _resolve(ctx.registries, domain, node.op_type, opset)
         subgraphs, captured = _subgraphs(node, ctx, depth)
-        if spec is None:
-            ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
-            continue
         in_slots = tuple(None if v is None else slot_of(v) for v in node.inputs)
         cap_slots = tuple(slot_of(v) for v in captured)
         out_slots = tuple(None if (v is None or not v.name) else slot_of(v) for v in node.outputs)
         info = _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs)
+        spec, provider = ctx.choose(node_id, node, info, in_slots, out_slots, constants, depth)
+        if spec is None:
+            ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
+            continue
         kernel = _build_kernel(spec, info)
         if node.op_type == "Constant" and domain == "" and out_slots and out_slots[0] is not None:
             constants[out_slots[0]] = _run_constant(kernel, info)
@@ -141,6 +154,17 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
                           out_slots))
 
     output_slots = [slot_of(v) for v in graph.outputs]
+    last_use = lifetimes(steps, input_slots, output_slots, constants)
+    if not ctx.missing:
+        _check_dataflow(steps, names, input_slots, constants, output_slots)
+    return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
+                [s in external for s in output_slots])
+
+
+def lifetimes(steps: Sequence[Step], input_slots: Sequence[int], output_slots: Sequence[int],
+              constants: dict[int, Any]) -> dict[int, int]:
+    """slot -> index of the last step that touches it (-1: an input no step reads);
+    graph outputs and constants never die."""
     last_use: dict[int, int] = {}
     for i, step in enumerate(steps):
         for s in (*step.inputs, *step.outputs):
@@ -150,10 +174,7 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
         last_use.setdefault(s, -1)
     for s in (*output_slots, *constants):
         last_use.pop(s, None)
-    if not ctx.missing:
-        _check_dataflow(steps, names, input_slots, constants, output_slots)
-    return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
-                [s in external for s in output_slots])
+    return last_use
 
 
 def _subgraphs(node: ir.Node, ctx: _Context, depth: int) -> tuple[dict[str, Any], list[ir.Value]]:

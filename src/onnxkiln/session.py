@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxkiln import loader, optimizer
+from onnxkiln import ep_context, loader, optimizer
+from onnxkiln.bindings import BindingPlans, DeviceIoBinding, store
 from onnxkiln.dtypes import DataType, from_numpy
 from onnxkiln.errors import (
+    DeviceBindingError,
+    ExecutionProviderUnavailableError,
     InputNotFoundError,
     InvalidInputError,
     InvalidOptionError,
@@ -24,10 +29,17 @@ from onnxkiln.errors import (
     SessionError,
 )
 from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
-from onnxkiln.memory import MemoryPlan, MemoryTracker, ShapeOracle, simulate
+from onnxkiln.memory import MemoryPlan, MemoryTracker, PeakPlanner, ShapeOracle, simulate
 from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
-from onnxkiln.partition import KNOWN_PROVIDERS, Placement, select_providers
-from onnxkiln.plan import build_plan
+from onnxkiln.partition import (
+    KNOWN_PROVIDERS,
+    Placement,
+    Placer,
+    insert_copies,
+    select_providers,
+    with_context_providers,
+)
+from onnxkiln.plan import Plan, build_plan
 from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.specialize import Specialization, SpecializationCache
 from onnxkiln.threads import thread_limit
@@ -35,13 +47,16 @@ from onnxkiln.trace import TraceContext
 from onnxkiln.types import (
     CacheStats,
     ControlFlowStats,
+    DeviceAllocationCounts,
     DeviceId,
+    ExecutionProviderFallbackReport,
     IoMeta,
+    MemoryStats,
     ModelMetadata,
     SessionOutput,
     WarmupShape,
 )
-from onnxkiln.validation import InputValidator
+from onnxkiln.validation import InputValidator, closest_name
 
 __all__ = ["InferenceSession", "SessionBuilder"]
 
@@ -134,24 +149,26 @@ class SessionBuilder:
 
     def load(self, path: str | os.PathLike) -> InferenceSession:
         """Build a session from a model file."""
-        return self._build(lambda: loader.load_path(path))
+        return self._build(lambda: loader.load_path(path), model_path=path)
 
     def load_bytes(
         self, data: bytes | bytearray | memoryview, external_data_dir: str | None = None
     ) -> InferenceSession:
         """Build a session from serialized model bytes."""
-        return self._build(lambda: loader.load_bytes(data, external_data_dir))
+        return self._build(lambda: loader.load_bytes(data, external_data_dir),
+                           model_dir=external_data_dir)
 
     def from_graph(self, graph: ir.Graph | ir.Model | onnx.ModelProto) -> InferenceSession:
         """Build a session from an in-memory graph or model."""
         return self._build(lambda: loader.from_graph(graph))
 
-    def _build(self, read: Callable[[], ir.Model]) -> InferenceSession:
+    def _build(self, read: Callable[[], ir.Model], model_path: str | os.PathLike | None = None,
+               model_dir: str | os.PathLike | None = None) -> InferenceSession:
         """Load, plan and warm up; whatever fails comes out as a SessionError."""
         try:
             model = read()
-            placement = select_providers(self._device, self._providers)
-            session = InferenceSession(model, placement, self)
+            placement = select_providers(self._device, self._providers, self._options)
+            session = InferenceSession(model, placement, self, model_path, model_dir)
             if self._warmup:
                 session.warmup(self._warmup)
         except SessionError:
@@ -171,29 +188,56 @@ class SessionBuilder:
 class InferenceSession:
     """A loaded model ready to run: `InferenceSession.load(path).run({"x": x})`."""
 
-    def __init__(self, model: ir.Model, placement: Placement, config: SessionBuilder) -> None:
+    def __init__(self, model: ir.Model, placement: Placement, config: SessionBuilder,
+                 model_path: str | os.PathLike | None = None,
+                 model_dir: str | os.PathLike | None = None) -> None:
         self._options = dict(config._options)
+        self._ep_config = ep_context.ep_context_config(self._options, model_path)
+        if ep_context.has_ep_context(model):  # a dumped context model: load its partitions
+            placement = with_context_providers(placement)
+            folder = Path(model_path).resolve().parent if model_path is not None else model_dir
+            model = ep_context.load_with_contexts(model, folder, placement.providers)
         model = _optimize(model, config._optimization, placement,
                           self._options.get("optimized_model_path"))
+        self._ep_partitions: list[ep_context.CompiledPartition] = []
+        compiler = next((p for p in placement.providers if hasattr(p, "compile")), None)
+        if compiler is not None:
+            model, self._ep_partitions = ep_context.apply_fuse(model, compiler, self._ep_config,
+                                                               model_path)
         self._model = model
         self._placement = placement
         self._optimization = config._optimization
         self._threads = config._threads
         self._control_flow = ControlFlowCounter()
-        self._plan = build_plan(model, placement.registries, self._control_flow)
-        self._compiled = CompiledPlan(self._plan)
+        self._raw_plan, self._fallback = _place(model, placement, self._control_flow)
+        self._plan = self._with_copies(self._raw_plan)
+        self._compiled = CompiledPlan(  # memory.inplace unset: ONNXKILN_INPLACE, else on
+            self._plan, inplace={"0": False, "1": True}.get(self._options.get("memory.inplace")))
         self._inputs = [
             _io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
         ]
         self._outputs = [_io_meta(model, v) for v in model.graph.outputs]
         defaults = [self._plan.input_defaults.get(s) for s in self._plan.input_slots]
-        self._validator = InputValidator(self._inputs, defaults)
+        self._validator = InputValidator(self._inputs, defaults,
+                                         device=next((p for p in placement.providers
+                                                      if not p.on_host), None))
         self._cache = SpecializationCache(self._specialize)
         self._copy_outputs = self._plan.output_may_alias
         self._trace = config._trace
         self._memory_limit = config._memory_limit
-        self._memory_plan = MemoryPlan(self._plan) if self._memory_limit is not None else None
+        self._memory_plan = MemoryPlan(self._plan, self._compiled.donations)
+        self._track_memory = (self._memory_limit is not None
+                              or self._options.get("memory.track") == "1")
+        self._peaks = PeakPlanner(model, self._memory_plan)
+        self._last_reuses: int | None = None
         self._shape_oracle: ShapeOracle | None = None
+        self._device_provider = next((p for p in placement.providers if not p.on_host),
+                                     placement.providers[0])
+        self._binding_plans = BindingPlans(
+            self._raw_plan, model.graph, self._with_copies,
+            [m.name for m in self._inputs], [m.name for m in self._outputs],
+            self._compiled.inplace)
+        self._bindings: list[DeviceIoBinding] = []
         self._last_peak: int | None = None
 
     # construction -----------------------------------------------------------
@@ -256,7 +300,7 @@ class InferenceSession:
         values, signature = self._validator.bind(inputs)
         self._cache.get(signature)
         with thread_limit(self._threads):
-            if ((trace and self._trace.enabled) or self._memory_limit is not None
+            if ((trace and self._trace.enabled) or self._track_memory
                     or cancel is not None):
                 outputs = self._run_hooked(values, self._trace if trace else None, cancel)
             else:
@@ -275,8 +319,9 @@ class InferenceSession:
     def _run_hooked(self, values: list[Any], ctx: TraceContext | None,
                     cancel: Any = None) -> list[Any]:
         tracker = None
-        if self._memory_plan is not None and self._memory_limit is not None:
-            tracker = MemoryTracker(self._memory_plan, self._memory_limit, values)
+        if self._track_memory:
+            tracker = MemoryTracker(self._memory_plan, self._memory_limit or float("inf"),
+                                    values)
         stop = None
         if cancel is not None:
             if cancel.is_set():
@@ -290,11 +335,12 @@ class InferenceSession:
                     hooks = combine_hooks(stop, self._compiled.tracer(ctx), tracker)
                     outputs = self._compiled.hooked(values, hooks)
         if tracker is not None:
-            self._last_peak = tracker.peak
+            self._last_peak, self._last_reuses = tracker.peak, tracker.reuses
+            self._peaks.observe(self._cache.last_signature, tracker.sizes)
         return outputs
 
     def _specialize(self, signature: Any) -> Specialization:
-        if self._memory_plan is None or self._memory_limit is None:
+        if self._memory_limit is None:
             return Specialization(signature)
         try:
             if self._shape_oracle is None:
@@ -342,8 +388,154 @@ class InferenceSession:
 
     def last_run_peak_bytes(self) -> int | None:
         """Peak live bytes the last successful run held (inputs and activations, not
-        weights; see onnxkiln.memory). Tracked only with a memory_limit, else None."""
+        weights; see onnxkiln.memory). Tracked only with a memory_limit or option
+        memory.track=1, else None."""
         return self._last_peak
+
+    def memory_stats(self) -> MemoryStats:
+        """Planned and measured peak live bytes and in-place buffer reuse (MemoryStats).
+
+        The planned peak runs shape inference for the last run's input signature on the
+        first call per signature (sizes it cannot infer come from a tracked run of that
+        signature); measured values need a memory_limit or memory.track=1.
+        """
+        signature = self._cache.last_signature
+        planned = None if signature is None else self._peaks.peak(signature)
+        return MemoryStats(planned, self._last_peak, self._last_reuses,
+                           len(self._compiled.donations))
+
+    def _with_copies(self, plan: Plan, keep_on_device: frozenset[int] = frozenset()) -> Plan:
+        if not self._placement.on_device:
+            return plan
+        return insert_copies(plan, self._placement.providers, keep_on_device)
+
+    # device bindings --------------------------------------------------------
+    def allocate_device_binding(self, input_name: str, output_name: str | None,
+                                dtype: DataType, physical_shape: Sequence[int],
+                                logical_shape: Sequence[int]) -> DeviceIoBinding:
+        """A persistent buffer on this session's device for an input, and with
+        `output_name` for that output too (written back in place: the KV-cache pattern).
+
+        Example:
+            >>> kv = s.allocate_device_binding("past_key_0", "present_key_0",
+            ...                                ok.DataType.FLOAT, (1, 12, 1024, 64), (1, 12, 0, 64))
+        """
+        meta = self._io_named(self._inputs, input_name, "input")
+        self._binding_dtype(meta, dtype)
+        if output_name is not None:
+            self._binding_dtype(self._io_named(self._outputs, output_name, "output"), dtype)
+        return self._new_binding(input_name, output_name, dtype, physical_shape, logical_shape)
+
+    def allocate_device_output_binding(self, output_name: str, dtype: DataType,
+                                       physical_shape: Sequence[int],
+                                       logical_shape: Sequence[int]) -> DeviceIoBinding:
+        """A persistent device buffer an output is written into (run returns None for it)."""
+        self._binding_dtype(self._io_named(self._outputs, output_name, "output"), dtype)
+        return self._new_binding(None, output_name, dtype, physical_shape, logical_shape)
+
+    def run_with_device_bindings(self, inputs: Any, bindings: Sequence[DeviceIoBinding]
+                                 ) -> list[np.ndarray | None]:
+        """Run with some inputs and outputs in device bindings. Bound outputs come back as
+        None (their values are in the bindings, logical shapes updated); the rest as in
+        `run`. A KV output Concat(past, new) on its past's binding writes only `new`."""
+        bindings = self._check_bindings(inputs, bindings)
+        feeds = dict(self._validator._normalise(inputs))
+        feeds.update((b.input_name, b.view()) for b in bindings if b.input_name)
+        values, signature = self._validator.bind(feeds)
+        self._cache.get(signature)
+        compiled, appended = self._binding_plans.get(bindings)
+        with thread_limit(self._threads):
+            if self._trace.enabled:
+                with self._trace.run_span("model_run", graph=self._model.graph.name or "main"):
+                    outputs = compiled.hooked(values, compiled.tracer(self._trace))
+            else:
+                outputs = compiled(values)
+        bound = {b.output_name: b for b in bindings if b.output_name}
+        for i, meta in enumerate(self._outputs):
+            b = bound.get(meta.name)
+            if b is None:
+                if isinstance(outputs[i], np.ndarray) and self._copy_outputs[i]:
+                    outputs[i] = outputs[i].copy()
+                continue
+            value, outputs[i] = outputs[i], None
+            shape = tuple(value.shape)
+            if meta.name not in appended:
+                if len(shape) != len(b.physical_shape) or any(
+                        n > p for n, p in zip(shape, b.physical_shape)):
+                    raise DeviceBindingError(
+                        f"output '{meta.name}' has shape {shape}, which exceeds the capacity "
+                        f"{b.physical_shape} of its binding; allocate a larger one")
+                store(b.tensor, tuple(slice(0, n) for n in shape),
+                      b._provider.to_device(value))
+            b._logical = shape
+        return outputs
+
+    def device_allocation_counts(self) -> DeviceAllocationCounts | None:
+        """Device allocator activity (CUDA: torch's allocator statistics); None on the CPU."""
+        return self._device_provider.allocation_counts()
+
+    def _io_named(self, metas: list[IoMeta], name: str, kind: str) -> IoMeta:
+        for meta in metas:
+            if meta.name == name:
+                return meta
+        names = [m.name for m in metas]
+        close = closest_name(name, names)
+        hint = f"; did you mean '{close}'?" if close else ""
+        raise InputNotFoundError(f"unknown {kind} '{name}'; the model's {kind}s are {names}{hint}")
+
+    def _binding_dtype(self, meta: IoMeta, dtype: Any) -> None:
+        try:
+            wanted = DataType(dtype) if not hasattr(dtype, "kind") else from_numpy(dtype)
+        except (ValueError, KeyError, TypeError):
+            raise DeviceBindingError(f"binding dtype must be a DataType, got {dtype!r}") from None
+        if meta.dtype != DataType.UNDEFINED and wanted != meta.dtype:
+            raise DeviceBindingError(
+                f"binding for '{meta.name}' has dtype {wanted}, but the model declares "
+                f"{meta.dtype} ({meta})")
+
+    def _new_binding(self, input_name, output_name, dtype, physical, logical) -> DeviceIoBinding:
+        dtype = DataType(dtype) if not hasattr(dtype, "kind") else from_numpy(dtype)
+        try:
+            b = DeviceIoBinding(self, self._device_provider, input_name, output_name, dtype,
+                                physical, logical)
+        except (MemoryError, RuntimeError) as e:
+            if isinstance(e, SessionError):
+                raise
+            raise DeviceBindingError(f"cannot allocate a {dtype} binding of shape "
+                                     f"{tuple(physical)}: {e}") from e
+        self._bindings.append(b)
+        return b
+
+    def _binding_released(self, binding: DeviceIoBinding) -> None:
+        self._binding_plans.forget(binding)
+        if binding in self._bindings:
+            self._bindings.remove(binding)
+
+    def _check_bindings(self, inputs: Any, bindings: Any) -> list[DeviceIoBinding]:
+        if isinstance(bindings, DeviceIoBinding) or not isinstance(bindings, Sequence):
+            raise DeviceBindingError(f"bindings must be a list of DeviceIoBinding, got "
+                                     f"{type(bindings).__name__}")
+        given = set(self._validator._normalise(inputs))
+        seen_in: set[str] = set()
+        seen_out: set[str] = set()
+        for b in bindings:
+            if not isinstance(b, DeviceIoBinding):
+                raise DeviceBindingError(f"bindings must hold DeviceIoBinding, got {b!r}")
+            if b._owner is not self:
+                raise DeviceBindingError(f"{b!r} belongs to another session; bindings live on "
+                                         "the device of the session that allocated them")
+            b._check_live()
+            if b.input_name in seen_in or b.output_name in seen_out:
+                raise DeviceBindingError(
+                    f"{b!r}: '{b.input_name or b.output_name}' is bound twice")
+            if b.input_name in given:
+                raise DeviceBindingError(
+                    f"input '{b.input_name}' is both given in inputs and bound by {b!r}")
+            if b.input_name:
+                seen_in.add(b.input_name)
+            if b.output_name:
+                seen_out.add(b.output_name)
+        return list(bindings)
 
     # metadata ---------------------------------------------------------------
     def inputs(self) -> list[IoMeta]:
@@ -376,6 +568,20 @@ class InferenceSession:
     def device_id(self) -> DeviceId:
         """The device this session runs on."""
         return self._placement.device
+
+    def ep_context_config(self) -> ep_context.EpContextDumpConfig:
+        """The EPContext dump settings from the `ep.context_*` options (SPEC §9)."""
+        return self._ep_config
+
+    def compiled_partitions(self) -> list[ep_context.CompiledPartition]:
+        """The partitions a compiling provider (fuse) compiled at build; node ids refer to
+        the graph before they were rewritten into one node each."""
+        return list(self._ep_partitions)
+
+    def execution_provider_fallback_report(self) -> ExecutionProviderFallbackReport | None:
+        """What did not run on the requested provider and why (SPEC §6); None when it ran
+        everything (or the CPU was asked for)."""
+        return self._fallback
 
     def cache_stats(self) -> CacheStats:
         """Counters of the specialisation cache keyed by input signature."""
@@ -496,3 +702,33 @@ def _optimize(model: ir.Model, level: str, placement: Placement, save_path: str 
             raise InvalidOptionError(
                 f"optimized_model_path: cannot write '{save_path}': {e}") from e
     return model
+
+
+def _place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
+           ) -> tuple[Plan, ExecutionProviderFallbackReport | None]:
+    """Plan the graph on the session's providers, with copies at device boundaries."""
+    if not placement.on_device:
+        plan = build_plan(model, placement.registries, counter)
+        report = None
+        if placement.fallback_reason is not None:
+            report = ExecutionProviderFallbackReport(
+                placement.requested, "cpu", True, placement.fallback_reason, [],
+                {"cpu": sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in model.graph})})
+        return plan, report
+    placer = Placer(placement)
+    with contextlib.ExitStack() as scopes:
+        for p in placement.providers:
+            if hasattr(p, "planning"):
+                scopes.enter_context(p.planning())
+        plan = build_plan(model, placement.registries, counter, placer)
+    if placement.strict and placer.declines:
+        lines = [f"'{d.node_name}' {d.domain or 'ai.onnx'}::{d.op_type}: {d.reason}"
+                 for d in placer.declines]
+        raise ExecutionProviderUnavailableError(
+            f"provider 'cuda' was requested without 'cpu', but {len(lines)} node(s) cannot run "
+            "on it:\n  " + "\n  ".join(lines) + "\nAdd 'cpu' to the providers list to let "
+            "them fall back.")
+    report = placer.report(plan)
+    if report is not None:
+        logger.warning("%s", report)
+    return plan, report

@@ -39,9 +39,11 @@ class SpecializationCache:
         self._max = max_entries
         self._hits = self._misses = self._evictions = 0
         self._lock = threading.Lock()
+        self.last_signature: Hashable | None = None  # of the latest get(), for memory_stats
 
     def get(self, signature: Hashable) -> Specialization:
         """The specialisation for this signature, built on first sight."""
+        self.last_signature = signature
         found = self._entries.get(signature)
         if found is not None:
             self._hits += 1

@@ -17,6 +17,7 @@ __all__ = [
     "DeviceId",
     "DeviceType",
     "IoMeta",
+    "MemoryStats",
     "ModelMetadata",
     "SessionOutput",
     "WarmupShape",
@@ -86,6 +87,28 @@ class CacheStats:
 
 
 @dataclass(frozen=True)
+class MemoryStats:
+    """Memory of a session's runs (`InferenceSession.memory_stats()`); bytes of inputs and
+    intermediate values, not weights (see onnxkiln.memory).
+
+    `planned_peak_bytes`: peak predicted by the lifetime simulation for the last run's
+    input signature, in-place reuse included, over sizes from onnx shape inference or,
+    where it cannot size a value (data-dependent shapes, custom-domain ops such as the
+    optimizer's fusions), from a tracked run of that signature; a lower bound while sizes
+    are unknown; None before the first run. `last_run_peak_bytes`: peak measured on
+    the last tracked run (a `memory_limit` or option `memory.track=1`), else None.
+    `inplace_reuses`: outputs written into a dying input's buffer during that run, else
+    None. `inplace_steps`: steps the plan lets reuse a dying input's buffer (0 with
+    option `memory.inplace=0`).
+    """
+
+    planned_peak_bytes: int | None
+    last_run_peak_bytes: int | None
+    inplace_reuses: int | None
+    inplace_steps: int
+
+
+@dataclass(frozen=True)
 class ControlFlowStats:
     """Subgraph (If/Loop/Scan body) specialisations built and body runs."""
 
@@ -124,3 +147,49 @@ class SessionOutput:
         if self.kind != "sequence":
             raise SequenceOutputError(f"output '{self.name}' is a {self.kind}, not a sequence")
         return list(self.value)
+
+
+@dataclass(frozen=True)
+class ProviderDecline:
+    """A node the requested provider did not take, and why."""
+
+    node_id: int
+    node_name: str
+    domain: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExecutionProviderFallbackReport:
+    """Where a session with a requested accelerator runs on the CPU instead, and why.
+
+    `whole_session`: the accelerator could not be used at all (`reason` says why, e.g.
+    "torch is not installed"); otherwise `declines` lists each node placed on the fallback
+    provider. `assigned_ops` maps each provider to the sorted "domain::op" it runs.
+    """
+
+    requested_provider: str
+    fallback_provider: str
+    whole_session: bool
+    reason: str | None
+    declines: list[ProviderDecline] = field(default_factory=list)
+    assigned_ops: dict[str, list[str]] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.whole_session:
+            return (f"{self.requested_provider} unavailable ({self.reason}): the whole session "
+                    f"runs on {self.fallback_provider}")
+        ops = sorted({f"{d.domain or 'ai.onnx'}::{d.op_type}" for d in self.declines})
+        return (f"{len(self.declines)} node(s) fell back from {self.requested_provider} to "
+                f"{self.fallback_provider}: {', '.join(ops)}")
+
+
+@dataclass(frozen=True)
+class DeviceAllocationCounts:
+    """Device memory activity of a session: allocator calls and bytes (CUDA only)."""
+
+    allocations: int
+    frees: int
+    bytes_in_use: int
+    peak_bytes: int

@@ -29,7 +29,9 @@ class InputSpec:
 class InputValidator:
     """Turns user inputs into the positional list a plan runs on, or raises a clear error."""
 
-    def __init__(self, metas: Sequence[IoMeta], defaults: Sequence[np.ndarray | None]) -> None:
+    def __init__(self, metas: Sequence[IoMeta], defaults: Sequence[np.ndarray | None],
+                 device: Any = None) -> None:
+        self.device = device  # a device provider: its tensors are taken as they are
         self.specs = [
             InputSpec(m, i, _np_dtype(m), d) for i, (m, d) in enumerate(zip(metas, defaults))
         ]
@@ -66,7 +68,10 @@ class InputValidator:
                 )
         self._check_symbols(values)
         signature = tuple(
-            (v.dtype, v.shape) if isinstance(v, np.ndarray) else (type(v), None) for v in values
+            (v.dtype, v.shape) if isinstance(v, np.ndarray)
+            else (v.dtype, tuple(v.shape)) if self.device is not None and hasattr(v, "shape")
+            else (type(v), None)
+            for v in values
         )
         return values, signature
 
@@ -97,8 +102,8 @@ class InputValidator:
         return out
 
     def _unknown(self, name: str) -> str:
-        close = difflib.get_close_matches(name, self.names, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = closest_name(name, self.names)
+        hint = f"; did you mean '{close}'?" if close else ""
         return f"unknown input '{name}'; the model's inputs are {self.names}{hint}"
 
     def _convert(self, spec: InputSpec, raw: Any) -> Any:
@@ -106,6 +111,10 @@ class InputValidator:
         if meta.kind != "tensor":
             return _convert_container(spec, raw)
         expected = spec.np_dtype
+        if self.device is not None and not isinstance(raw, np.ndarray):
+            tensor = self.device.adopt(raw)
+            if tensor is not None:
+                return self._device_tensor(spec, tensor, self.device.array_dtype(tensor))
         if isinstance(raw, np.ndarray):
             array = raw
         elif isinstance(raw, np.generic) or hasattr(raw, "__array__"):
@@ -124,11 +133,21 @@ class InputValidator:
         _check_shape(meta, array)
         return array
 
+    def _device_tensor(self, spec: InputSpec, raw: Any, dtype: np.dtype) -> Any:
+        """A tensor on the session's device: checked like an array, never copied here."""
+        meta = spec.meta
+        if spec.np_dtype is not None and dtype != spec.np_dtype:
+            raise InvalidInputError(
+                f"input '{meta.name}' expects {meta.dtype} ({meta}), got a {raw.dtype} tensor "
+                f"of shape {tuple(raw.shape)}; cast it first (e.g. x.to(torch.float32))")
+        _check_shape(meta, raw)
+        return raw
+
     def _check_symbols(self, values: list[Any]) -> None:
         seen: dict[str, tuple[int, str, int]] = {}
         for spec, value in zip(self.specs, values):
             shape = spec.meta.shape
-            if shape is None or not isinstance(value, np.ndarray):
+            if shape is None or not hasattr(value, "shape"):
                 continue
             for axis, dim in enumerate(shape):
                 if not isinstance(dim, str):
@@ -140,6 +159,16 @@ class InputValidator:
                         f"dim '{dim}' = {first[0]} from input '{first[1]}' (axis {first[2]}) "
                         f"but {size} in input '{spec.meta.name}' (axis {axis})"
                     )
+
+
+def closest_name(name: str, names: Sequence[str]) -> str | None:
+    """The valid name a mistyped one most likely meant: same letters in another case first,
+    else the closest spelling (difflib), else None."""
+    folded = [n for n in names if n.lower() == str(name).lower()]
+    if folded:
+        return folded[0]
+    close = difflib.get_close_matches(str(name), list(names), n=1)
+    return close[0] if close else None
 
 
 def _convert_container(spec: InputSpec, raw: Any) -> Any:

@@ -16,11 +16,13 @@ from onnxkiln.dtypes import DataType
 __all__ = [
     "CaptureSupport",
     "ControlFlowCounter",
+    "ExecutionProvider",
     "KernelRegistry",
     "KernelSpec",
     "NodeInfo",
     "Subgraph",
     "normalize_domain",
+    "registry_claims",
 ]
 
 Kernel = Callable[..., Any]
@@ -108,6 +110,10 @@ class KernelSpec:
     shape: kept on the host, never uploaded); `host_outputs`, whether its outputs are host
     numpy arrays (Shape, Size); `supports(info) -> None | reason`, whether it serves this
     node (dtypes, attributes), the reason recorded when it declines.
+
+    `inplace`: input positions whose buffer the kernel may write its result into, when the
+    executor passes it as `out=` (the input dies at this step; see onnxkiln.memory). The
+    kernel checks shape and dtype itself and allocates when the buffer does not fit.
     """
 
     domain: str
@@ -124,6 +130,7 @@ class KernelSpec:
     host_inputs: frozenset[int] = frozenset()
     host_outputs: bool = False
     supports: Callable[[NodeInfo], str | None] | None = None
+    inplace: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_type, str) or not self.op_type:
@@ -182,6 +189,7 @@ class KernelRegistry:
         host_inputs: Iterable[int] = (),
         host_outputs: bool = False,
         supports: Callable[[NodeInfo], str | None] | None = None,
+        inplace: Iterable[int] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering `fn` for `op_type` in opsets `since..until` (inclusive)."""
 
@@ -201,6 +209,7 @@ class KernelRegistry:
                 host_inputs=frozenset(host_inputs),
                 host_outputs=host_outputs,
                 supports=supports,
+                inplace=tuple(inplace),
             )
             self.add(spec)
             return fn
@@ -241,3 +250,43 @@ class KernelRegistry:
     def __iter__(self):
         for specs in self._specs.values():
             yield from specs
+
+
+class ExecutionProvider(Protocol):
+    """A device with kernels: the CPU (numpy) and CUDA (torch) providers implement this.
+
+    Values a provider's kernels read and write live on its device (`on_host`: numpy
+    arrays in host memory). `claims(info)` returns None when the provider runs the node,
+    else the reason it declines (no kernel, an unsupported dtype or attribute).
+    """
+
+    name: str
+    on_host: bool
+    registry: KernelRegistry
+
+    @property
+    def device(self) -> Any: ...
+
+    def claims(self, info: NodeInfo) -> str | None: ...
+
+    def to_device(self, value: Any) -> Any: ...
+
+    def to_host(self, value: Any) -> np.ndarray: ...
+
+    def synchronize(self) -> None: ...
+
+    def empty(self, dtype: DataType, shape: Sequence[int]) -> Any: ...
+
+    def allocation_counts(self) -> Any: ...
+
+
+def registry_claims(registry: KernelRegistry, info: NodeInfo) -> str | None:
+    """The common half of `claims`: a kernel exists for the opset and accepts the node."""
+    spec = registry.resolve(info.domain, info.op_type, info.opset)
+    if spec is None:
+        versions = registry.versions(info.domain, info.op_type)
+        if not versions:
+            return f"no {registry.provider} kernel for {info.domain or 'ai.onnx'}::{info.op_type}"
+        return (f"no {registry.provider} kernel for {info.domain or 'ai.onnx'}::{info.op_type} "
+                f"at opset {info.opset}")
+    return spec.supports(info) if spec.supports is not None else None

@@ -23,6 +23,7 @@ from onnxkiln.providers.cpu.math import (
     _LOW_FLOATS,
     attr_str,
     const_input,
+    donated,
     input_dtype,
 )
 from onnxkiln.providers.cpu.registry import kernel
@@ -40,17 +41,18 @@ _INF = np.inf
 _EXP_MAX = {_F32: 88.0, _F64: 709.0}
 
 
-def _float_kernel(info: NodeInfo, run: Callable[[Array], Array]) -> Callable[[Array], Array]:
-    """`run` handles float32/float64; float16 and bfloat16 go through float32."""
+def _float_kernel(info: NodeInfo, run: Callable[..., Array]) -> Callable[..., Array]:
+    """`run` handles float32/float64; float16 and bfloat16 go through float32 (a donated
+    `out=`, see KernelSpec.inplace, is passed on for float32/float64 only)."""
     dt = input_dtype(info, 0)
     if dt is not None and dt in (_F32, _F64):  # (np.dtype("float64") == None is True)
         return run
 
-    def widened(x: Array) -> Array:
+    def widened(x: Array, out: np.ndarray | None = None) -> Array:
         dt = x.dtype
         if dt in _LOW_FLOATS:
             return run(x.astype(_F32)).astype(dt)
-        return run(x)
+        return run(x) if out is None else run(x, out)
 
     return widened
 
@@ -77,16 +79,16 @@ def _exp_neg_part(x: Array) -> np.ndarray:
 # Piecewise-linear activations
 
 
-@kernel("Relu", since=1)
-def relu(x: Array) -> Array:
+@kernel("Relu", since=1, inplace=(0,))
+def relu(x: Array, out: np.ndarray | None = None) -> Array:
     """max(x, 0); floats through the clip ufunc (faster than np.maximum here)."""
     dt = x.dtype
     if dt.kind == "f":
-        return _pos(x)
+        return _pos(x, None if out is None else donated(x, out))
     return np.maximum(x, 0)  # ints and bfloat16 (ml_dtypes keeps the dtype with a Python 0)
 
 
-@kernel("LeakyRelu", since=1, factory=True)
+@kernel("LeakyRelu", since=1, factory=True, inplace=(0,))
 def leaky_relu(info: NodeInfo) -> Callable[..., Any]:
     """x if x >= 0 else alpha * x."""
     alpha = float(info.attrs["alpha"])
@@ -94,16 +96,21 @@ def leaky_relu(info: NodeInfo) -> Callable[..., Any]:
     if alpha >= 0.0:
         pick = np.maximum if alpha <= 1.0 else np.minimum
 
-        def run(x: Array) -> Array:
+        def fresh(x: Array) -> Array:
             y = np.multiply(x, alpha, out=np.empty_like(x))
             return pick(x, y, out=y)
 
     else:
 
-        def run(x: Array) -> Array:
+        def fresh(x: Array) -> Array:
             y = _neg(x)
             np.multiply(y, alpha, out=y)
             return np.add(y, _pos(x), out=y)
+
+    def run(x: Array, out: np.ndarray | None = None) -> Array:
+        if out is not x or not out.flags.writeable:
+            return fresh(x)
+        return np.multiply(x, alpha, out=out, where=np.less(x, 0))  # in place: x >= 0 stays
 
     return _float_kernel(info, run)
 
@@ -178,14 +185,14 @@ def shrink(info: NodeInfo) -> Callable[..., Any]:
     return run
 
 
-@kernel("HardSigmoid", since=1, factory=True)
+@kernel("HardSigmoid", since=1, factory=True, inplace=(0,))
 def hard_sigmoid(info: NodeInfo) -> Callable[..., Any]:
     """max(0, min(1, alpha * x + beta))."""
     alpha = float(info.attrs["alpha"])
     beta = float(info.attrs["beta"])
 
-    def run(x: Array) -> Array:
-        y = np.multiply(x, alpha, out=np.empty_like(x))
+    def run(x: Array, out: np.ndarray | None = None) -> Array:
+        y = np.multiply(x, alpha, out=donated(x, out))
         np.add(y, beta, out=y)
         return _uclip(y, 0, 1, out=y)
 
@@ -209,22 +216,22 @@ def hard_swish(info: NodeInfo) -> Callable[..., Any]:
 # Smooth activations
 
 
-def _sigmoid(x: Array) -> np.ndarray:
+def _sigmoid(x: Array, out: np.ndarray | None = None) -> np.ndarray:
     """1 / (1 + exp(-x)), with -x clamped so exp cannot overflow."""
-    t = _uclip(x, -_EXP_MAX[x.dtype], _INF, out=np.empty_like(x))
+    t = _uclip(x, -_EXP_MAX[x.dtype], _INF, out=donated(x, out))
     np.negative(t, out=t)
     np.exp(t, out=t)
     np.add(t, 1, out=t)
     return np.reciprocal(t, out=t)
 
 
-@kernel("Sigmoid", since=1, factory=True)
+@kernel("Sigmoid", since=1, factory=True, inplace=(0,))
 def sigmoid(info: NodeInfo) -> Callable[..., Any]:
     """1 / (1 + exp(-x))."""
     return _float_kernel(info, _sigmoid)
 
 
-@kernel("Tanh", since=1, factory=True)
+@kernel("Tanh", since=1, factory=True, inplace=(0,))
 def tanh(info: NodeInfo) -> Callable[..., Any]:
     """np.tanh (one ufunc, native for every float type)."""
     return np.tanh
@@ -354,7 +361,25 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
 
     else:
         raise ValueError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _float_kernel(info, run)
+    from onnxkiln.providers.cpu import _numba  # optional compiled kernel (the `fast` extra)
+
+    why = _numba.disabled_reason()
+    dt = input_dtype(info, 0)
+    if why is None and dt is not None and dt == _F64:  # (np.dtype("float64") == None is True)
+        why = "float64 runs the numpy kernel (the numba one is float32)"
+    fast = None if why else _numba.load("gelu", _F32)
+    if fast is not None:
+        numpy_run, tanh = run, approximate == "tanh"
+
+        def run(x: Array) -> Array:  # the numba version; numpy for float64
+            if x.dtype == _F32:
+                return _numba.gelu_rows(fast, x, None, tanh)
+            return numpy_run(x)
+
+    k = _float_kernel(info, run)
+    k.variant = "gelu.numba" if fast is not None else "gelu.numpy"
+    k.variant_reason = why
+    return k
 
 
 # --------------------------------------------------------------------------------------
@@ -370,9 +395,12 @@ def _scalar_bound(v: Array | None, name: str) -> Array | None:
     return np.reshape(v, -1)[0]
 
 
-def _clip(x: Array, lo: Array | None, hi: Array | None) -> Array:
-    """Clamp x to [lo, hi] (None = unbounded); min > max gives max everywhere, as ONNX says."""
+def _clip(x: Array, lo: Array | None, hi: Array | None, out: np.ndarray | None = None) -> Array:
+    """Clamp x to [lo, hi] (None = unbounded); min > max gives max everywhere, as ONNX says.
+    A donated `out` (x itself, see KernelSpec.inplace) takes the result when writeable."""
     if lo is None and hi is None:
+        if out is not None and out.flags.writeable:
+            return out  # x itself: nothing to do
         return np.array(x, copy=True)
     dt = x.dtype
     if dt == _BF16:
@@ -382,7 +410,7 @@ def _clip(x: Array, lo: Array | None, hi: Array | None) -> Array:
         lo = -_INF if dt.kind == "f" else np.iinfo(dt).min
     if hi is None:
         hi = _INF if dt.kind == "f" else np.iinfo(dt).max
-    return _uclip(x, lo, hi, out=np.empty_like(x))
+    return _uclip(x, lo, hi, out=donated(x, out))
 
 
 def _attr_bounds(lo: float | None, hi: float | None) -> Callable[[Array], Array]:
@@ -395,46 +423,49 @@ def _attr_bounds(lo: float | None, hi: float | None) -> Callable[[Array], Array]
         with np.errstate(over="ignore"):  # FLT_MAX in float16 is inf: no bound, as meant
             return np.asarray(v, dtype=_F64).astype(dt)[()]
 
-    def run(x: Array) -> Array:
+    def run(x: Array, out: np.ndarray | None = None) -> Array:
         dt = x.dtype
         b = cache.get(dt)
         if b is None:
             b = cache[dt] = (convert(lo, dt), convert(hi, dt))
-        return _clip(x, b[0], b[1])
+        return _clip(x, b[0], b[1], out)
 
     return run
 
 
-@kernel("Clip", since=1, until=5, factory=True)
+@kernel("Clip", since=1, until=5, factory=True, inplace=(0,))
 def clip_1(info: NodeInfo) -> Callable[..., Any]:
     """Clip with optional min/max attributes (absent = unbounded)."""
     lo, hi = info.attrs.get("min"), info.attrs.get("max")
     return _attr_bounds(None if lo is None else float(lo), None if hi is None else float(hi))
 
 
-@kernel("Clip", since=6, until=10, factory=True)
+@kernel("Clip", since=6, until=10, factory=True, inplace=(0,))
 def clip_6(info: NodeInfo) -> Callable[..., Any]:
     """Clip with min/max attributes (schema defaults are -/+FLT_MAX)."""
     return _attr_bounds(float(info.attrs["min"]), float(info.attrs["max"]))
 
 
-@kernel("Clip", since=11, factory=True)
+@kernel("Clip", since=11, factory=True, inplace=(0,))
 def clip_11(info: NodeInfo) -> Callable[..., Any]:
     """Clip with optional min/max inputs (absent = unbounded); ints from opset 12."""
     c_lo, c_hi = const_input(info, 1), const_input(info, 2)
     if c_lo is not None or c_hi is not None:
         lo_c, hi_c = _scalar_bound(c_lo, "min"), _scalar_bound(c_hi, "max")
 
-        def run_const(x: Array, lo: Array | None = None, hi: Array | None = None) -> Array:
+        def run_const(x: Array, lo: Array | None = None, hi: Array | None = None,
+                      out: np.ndarray | None = None) -> Array:
             return _clip(
                 x,
                 lo_c if c_lo is not None else _scalar_bound(lo, "min"),
                 hi_c if c_hi is not None else _scalar_bound(hi, "max"),
+                out,
             )
 
         return run_const
 
-    def run(x: Array, lo: Array | None = None, hi: Array | None = None) -> Array:
-        return _clip(x, _scalar_bound(lo, "min"), _scalar_bound(hi, "max"))
+    def run(x: Array, lo: Array | None = None, hi: Array | None = None,
+            out: np.ndarray | None = None) -> Array:
+        return _clip(x, _scalar_bound(lo, "min"), _scalar_bound(hi, "max"), out)
 
     return run

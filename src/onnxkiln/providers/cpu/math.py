@@ -46,6 +46,14 @@ def attr_str(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def donated(x: Array, out: np.ndarray | None) -> np.ndarray:
+    """The buffer a unary elementwise kernel writes into: the executor's donated `out`
+    (x itself) when writeable, else a fresh array like x."""
+    if out is not None and out.flags.writeable:
+        return out
+    return np.empty_like(x)
+
+
 def _named(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., Any]:
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
@@ -110,8 +118,9 @@ def _check_nonzero(b: Array, op: str) -> None:
         raise ValueError(f"{op}: integer division by zero ({n} zero element(s) in the divisor)")
 
 
-def _int_div(a: Array, b: Array) -> Array:
-    """Integer division truncating toward zero (C / onnxruntime semantics)."""
+def _int_div(a: Array, b: Array, out: Array = None) -> Array:
+    """Integer division truncating toward zero (C / onnxruntime semantics); a donated
+    `out` is ignored."""
     _check_nonzero(b, "Div")
     if a.dtype.kind == "u":
         return np.floor_divide(a, b)
@@ -121,9 +130,14 @@ def _int_div(a: Array, b: Array) -> Array:
     return np.floor_divide(r, b, out=buf)
 
 
-def _div_any(a: Array, b: Array) -> Array:
+def _div_any(a: Array, b: Array, out: Array = None) -> Array:
     if a.dtype.kind in "iu":
         return _int_div(a, b)
+    if out is not None:
+        try:
+            return np.divide(a, b, out=out)
+        except (ValueError, TypeError):  # broadcast shape, dtype or read-only: allocate
+            pass
     return np.divide(a, b)
 
 
@@ -137,44 +151,59 @@ def _div_factory(info: NodeInfo) -> Callable[..., Any]:
 def _binary_factories() -> None:
     for op, ufunc in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
         modern = _ufunc_factory(ufunc, op.lower())
-        kernel(op, since=7, factory=True)(modern)
+        kernel(op, since=7, factory=True, inplace=(0, 1))(modern)
         kernel(op, since=1, until=6, factory=True)(_legacy_binary(modern, f"{op.lower()}_legacy"))
     div = _named(_div_factory, "div", "Div; integer division truncates toward zero.")
-    kernel("Div", since=7, factory=True)(div)
+    kernel("Div", since=7, factory=True, inplace=(0, 1))(div)
     kernel("Div", since=1, until=6, factory=True)(_legacy_binary(div, "div_legacy"))
 
 
 _binary_factories()
 
 
-def _pow_general(x: Array, e: Array) -> Array:
+def _pow_general(x: Array, e: Array, out: Array = None) -> Array:
     """Pow for any base/exponent type pair; the result has the base's dtype."""
     xd, ed = x.dtype, e.dtype
     if xd.kind in "iu":  # onnxruntime: static_cast<T>(std::pow(double, double))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return np.power(x.astype(_F64), e.astype(_F64)).astype(xd)
     if ed == xd:
+        if out is not None:
+            try:
+                return np.power(x, e, out=out)
+            except (ValueError, TypeError):  # the exponent widens the shape, or read-only
+                pass
         return np.power(x, e)
     if xd in _LOW_FLOATS:
         return np.power(x.astype(_F32), e.astype(_F32)).astype(xd)
     return np.power(x, e.astype(xd))
 
 
-def _cube(x: Array) -> Array:
+def _cube(x: Array, out: Array = None) -> Array:
     if x.dtype in _LOW_FLOATS:
         return np.power(x, x.dtype.type(3))
     y = np.multiply(x, x)
     return np.multiply(y, x, out=_buffer(y))
 
 
-_POW_FAST: dict[float, Callable[[Array], Array]] = {
-    1.0: lambda x: np.array(x, copy=True),
-    2.0: np.square,
+def _same(x: Array, out: Array = None) -> Array:
+    return out if out is not None and out.flags.writeable else np.array(x, copy=True)
+
+
+def _square(x: Array, out: Array = None) -> Array:
+    if out is None or not out.flags.writeable:
+        return np.square(x)
+    return np.square(x, out=out)
+
+
+_POW_FAST: dict[float, Callable[..., Array]] = {
+    1.0: _same,
+    2.0: _square,
     3.0: _cube,
 }
 
 
-@kernel("Pow", since=7, factory=True)
+@kernel("Pow", since=7, factory=True, inplace=(0,))
 def pow_(info: NodeInfo) -> Callable[..., Any]:
     """Pow; output dtype = base dtype. Constant scalar exponents 1, 2, 3 avoid np.power."""
     e = const_input(info, 1)
@@ -185,10 +214,10 @@ def pow_(info: NodeInfo) -> Callable[..., Any]:
         return _pow_general
     e_ndim = e.ndim
 
-    def run(x: Array, exponent: Array) -> Array:
+    def run(x: Array, exponent: Array, out: Array = None) -> Array:
         if x.dtype.kind in "iu":
             return _pow_general(x, exponent)
-        y = fast(x)
+        y = fast(x, out)
         if np.ndim(y) < e_ndim:  # the exponent's rank can still widen the output
             y = np.reshape(y, (1,) * (e_ndim - np.ndim(y)) + np.shape(y))
         return y
@@ -242,7 +271,10 @@ for _op, _since, _ufunc in (
     ("LessOrEqual", 12, np.less_equal),
     ("GreaterOrEqual", 12, np.greater_equal),
 ):
-    kernel(_op, since=_since, factory=True)(_ufunc_factory(_ufunc, _op.lower()))
+    _factory = _ufunc_factory(_ufunc, _op.lower())
+    _same_dtype = _op not in ("Not", "LessOrEqual", "GreaterOrEqual")  # those give bool
+    kernel(_op, since=_since, factory=True,
+           inplace=range(_ufunc.nin) if _same_dtype else ())(_factory)
 
 # Ops whose opset 1-6 versions carry legacy broadcast/axis attributes.
 for _op, _ufunc in (
@@ -258,8 +290,10 @@ for _op, _ufunc in (
     kernel(_op, since=1, until=6, factory=True)(_legacy_binary(_modern, f"{_op.lower()}_legacy"))
 
 
-def _erf_any(x: Array) -> Array:
+def _erf_any(x: Array, out: Array = None) -> Array:
     dt = x.dtype
+    if dt in (_F32, _F64) and out is not None:
+        return scipy.special.erf(x, out=donated(x, out))
     if dt in _LOW_FLOATS:
         return scipy.special.erf(x.astype(_F32)).astype(dt)
     if dt.kind in "iu":  # opset 9-12 allow ints: erf in float64, truncated back
@@ -267,7 +301,7 @@ def _erf_any(x: Array) -> Array:
     return scipy.special.erf(x)
 
 
-@kernel("Erf", since=9, factory=True)
+@kernel("Erf", since=9, factory=True, inplace=(0,))
 def erf(info: NodeInfo) -> Callable[..., Any]:
     """Erf via scipy.special.erf; float16/bfloat16 through float32."""
     dt = input_dtype(info, 0)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One command for a GPU machine (torch with CUDA preinstalled, no internet): the CUDA provider's
+# tests on the GPU, then the decode benchmark (tokens/s with KV bindings, plain, torch eager).
+# Usage: bash scripts/gpu_check.sh [python]     (< 8 minutes on an H200)
+set -uo pipefail
+PY=${1:-python3}
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" - <<'PYEOF'
+import torch, numpy, onnx
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+print("numpy", numpy.__version__, "onnx", onnx.__version__)
+PYEOF
+status=0
+ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -q -p no:cacheprovider -x \
+    -o addopts="" tests/test_cuda_gpu.py tests/test_bindings.py tests/test_placement.py \
+    tests/providers/cuda -rs || status=$?
+ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 120 "$PY" tests/providers/cuda/conformance_torch.py \
+    || status=$?
+timeout 150 "$PY" bench/decode.py --device cuda --past 16 64 256 1024 --tokens 20 || status=$?
+timeout 60 "$PY" examples/decode_loop.py --device cuda --gpt2 --tokens 16 || status=$?
+exit $status
