@@ -248,6 +248,10 @@ def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
 
     def run(x: np.ndarray, w: np.ndarray, b=None, z=None) -> np.ndarray:
         y = conv(x, w, b)
+        inner = getattr(conv, "variant", None)  # the Conv path this shape took, for traces
+        if inner:
+            run.variant = "fusedconv." + inner.split(".", 1)[-1]
+            run.variant_reason = getattr(conv, "variant_reason", None)
         if z is not None:
             if z.shape != y.shape:
                 raise ValueError(f"{op}: Z must have the output's shape {y.shape}, got {z.shape}")

@@ -19,6 +19,7 @@ import numpy as np
 import scipy.special
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.index import trilu as _onnx_trilu
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.tensor import range_ as _onnx_range
@@ -94,22 +95,51 @@ def _biased(x: np.ndarray, bias: np.ndarray | None, op: str) -> np.ndarray:
     return np.add(x, _f(bias, cdt), dtype=cdt)
 
 
-@kernel("Gelu", since=1, domain=MS, variant="gelu.erf")
-def ms_gelu(x: np.ndarray) -> np.ndarray:
+def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
+    """GELU of X (+ a 1-D bias over the last axis): the float32 numba kernel when numba is
+    on, else numpy (scipy's erf, or the tanh form)."""
+    op = info.op_type
+    tag = op.lower()
+    numpy_variant = f"{tag}.{'tanh' if tanh else 'erf'}"
+    why = _numba.disabled_reason()
+    dt = info.input_dtypes[0] if info.input_dtypes else None
+    if why is None and dt is not None and dt.numpy == _F64:
+        why = "float64 runs the numpy kernel (the numba one is float32)"
+    fast = None if why else _numba.load("gelu", _F32)
+    slow = _fast_gelu_ if tanh else _gelu_
+
+    def run(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        if fast is not None and x.dtype != _F64:
+            _float(x, op)
+            if bias is not None and (bias.ndim != 1 or x.ndim < 1
+                                     or bias.shape[0] != x.shape[-1]):
+                _biased(x, bias, op)  # raises the shape error
+            xc = _f(x, _F32)
+            y = _numba.gelu_rows(fast, xc, None if bias is None else _f(bias, _F32), tanh)
+            return y.astype(x.dtype, copy=False)
+        return slow(_biased(x, bias, op)).astype(x.dtype, copy=False)
+
+    run.variant = f"{tag}.numba" if fast is not None else numpy_variant
+    run.variant_reason = why
+    return run
+
+
+@kernel("Gelu", since=1, domain=MS, factory=True, variant="gelu.erf")
+def ms_gelu(info: NodeInfo) -> Callable[..., np.ndarray]:
     """0.5 x (1 + erf(x / sqrt 2))."""
-    return _gelu_(_biased(x, None, "Gelu")).astype(x.dtype, copy=False)
+    return _gelu_factory(info, tanh=False)
 
 
-@kernel("BiasGelu", since=1, domain=MS, variant="biasgelu.erf")
-def bias_gelu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+@kernel("BiasGelu", since=1, domain=MS, factory=True, variant="biasgelu.erf")
+def bias_gelu(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Exact GELU of A + B (B 1-D over the last axis)."""
-    return _gelu_(_biased(a, b, "BiasGelu")).astype(a.dtype, copy=False)
+    return _gelu_factory(info, tanh=False)
 
 
-@kernel("FastGelu", since=1, domain=MS, variant="fastgelu.tanh")
-def fast_gelu(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+@kernel("FastGelu", since=1, domain=MS, factory=True, variant="fastgelu.tanh")
+def fast_gelu(info: NodeInfo) -> Callable[..., np.ndarray]:
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) of X (+ bias)."""
-    return _fast_gelu_(_biased(x, bias, "FastGelu")).astype(x.dtype, copy=False)
+    return _gelu_factory(info, tanh=True)
 
 
 @kernel("QuickGelu", since=1, domain=MS, factory=True, variant="quickgelu.expit")
@@ -196,6 +226,9 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
     op = info.op_type
     eps = float(info.attrs.get("epsilon", 1e-12))
     want_mean, want_inv, want_sum = _wants(info, 1), _wants(info, 2), _wants(info, 3)
+    dt0 = info.input_dtypes[0] if info.input_dtypes else None
+    cdt0 = _cdt(dt0.numpy) if dt0 is not None else _F32
+    fast = _numba.load("norm_rows", cdt0)
 
     def run(x, skip, gamma, *rest):
         if simplified:
@@ -211,6 +244,18 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         for v, name in ((gamma, "gamma"), (beta, "beta"), (bias, "bias")):
             _check_vec(v, d, op, name)
         cdt = _float(x, op)
+        stat = (*x.shape[:-1], 1)
+        if fast is not None and cdt == cdt0 and x.size:
+            y2, mean, inv, total = _numba.norm_rows(
+                fast, _f(x, cdt).reshape(-1, d), gamma, beta, eps, simplified,
+                skip=_f(skip, cdt).reshape(-1, d), bias=bias, want_total=want_sum)
+            return (
+                y2.reshape(x.shape).astype(x.dtype, copy=False),
+                (np.zeros(stat, _F32) if simplified else mean.reshape(stat).astype(_F32))
+                if want_mean else None,
+                inv.reshape(stat).astype(_F32) if want_inv else None,
+                total.reshape(x.shape).astype(x.dtype, copy=False) if want_sum else None,
+            )
         s = np.add(_f(x, cdt), _f(skip, cdt))
         if bias is not None:
             s += _f(bias, cdt).reshape(-1)
@@ -220,7 +265,6 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         y2 *= _f(gamma, cdt).reshape(-1)
         if beta is not None:
             y2 += _f(beta, cdt).reshape(-1)
-        stat = (*x.shape[:-1], 1)
         mean_out = None
         if want_mean:
             mean_out = (
@@ -229,6 +273,8 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         inv_out = inv.reshape(stat).astype(_F32) if want_inv else None
         return y2.reshape(x.shape).astype(x.dtype, copy=False), mean_out, inv_out, total
 
+    run.variant = f"{op.lower()}.{'numba' if fast is not None else 'numpy'}"
+    run.variant_reason = _numba.disabled_reason()
     return run
 
 
@@ -259,6 +305,10 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
     stat_i = 1 if simplified else 2  # output index of inv_std_var
     want_mean = not simplified and _wants(info, 1)
     want_inv = _wants(info, stat_i)
+    dt0 = info.input_dtypes[0] if info.input_dtypes else None
+    cdt0 = _F64 if _F64 in (dt0.numpy if dt0 is not None else None, stash) else _F32
+    fast = _numba.load("norm_rows", cdt0)
+    tag = op.lower()
 
     def run(x, scale, b=None):
         ax = axis + x.ndim if axis < 0 else axis
@@ -270,10 +320,21 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         cdt = _F64 if _F64 in (x.dtype, stash) else _F32
         out_dt = scale.dtype
         stat = (*lead, *(1,) * (x.ndim - ax))
-        if n == 0 or rows == 0:
+        if (fast is not None and cdt == cdt0 and n and rows and scale.shape == x.shape[ax:]
+                and (b is None or b.shape == x.shape[ax:])):
+            run.variant, run.variant_reason = f"{tag}.numba", None
+            y2, mean, inv, _ = _numba.norm_rows(fast, _f(x, cdt).reshape(rows, n), scale, b,
+                                                eps, simplified)
+            y = y2.reshape(x.shape).astype(out_dt, copy=False)
+            if simplified:
+                mean = None
+        elif n == 0 or rows == 0:
             y = np.empty(x.shape, out_dt)
             mean = inv = np.zeros((rows, 1), cdt)
         else:
+            run.variant = f"{tag}.numpy"
+            run.variant_reason = _numba.disabled_reason() or (
+                "scale/bias shapes differ from the normalized dims" if fast else None)
             y2, mean, inv = _layer_norm_rows(x.reshape(rows, n).astype(cdt), eps, simplified)
             y = y2.reshape(x.shape)
             try:
@@ -291,6 +352,8 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         mean_out = mean.reshape(stat).astype(stash) if want_mean else None
         return y, mean_out, inv_out
 
+    run.variant = f"{tag}.{'numba' if fast is not None else 'numpy'}"
+    run.variant_reason = _numba.disabled_reason()
     return run
 
 

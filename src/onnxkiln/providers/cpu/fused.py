@@ -22,6 +22,7 @@ import numpy as np
 import scipy.special
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["DOMAIN"]
@@ -74,6 +75,9 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
         raise ValueError(f"FusedMatMulBias: unknown activation {name!r}; "
                          f"expected one of {sorted(_ACTIVATIONS)}")
     act = _ACTIVATIONS[name]
+    why = _numba.disabled_reason() if name in ("Gelu", "FastGelu") else None
+    fast = _numba.load("gelu") if name in ("Gelu", "FastGelu") and why is None else None
+    tanh = name == "FastGelu"
 
     def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
         if b.ndim != 2 or bias.shape != (b.shape[1],) or a.ndim < 1 or \
@@ -88,11 +92,15 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
         lead = a.shape[:-1]
         a2 = a.reshape(math.prod(lead), a.shape[-1]) if a.flags.c_contiguous else None
         y = np.matmul(a2, b) if a2 is not None else np.matmul(a, b)
+        if fast is not None and y.dtype == np.float32:  # bias and GELU in one pass
+            return _numba.gelu_rows(fast, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
         y += bias
         if act is not None:
             act(y)
         return y.reshape(*lead, b.shape[1])
 
+    run.variant = "matmulbias.blas_numba" if fast is not None else "matmulbias.blas"
+    run.variant_reason = why
     return run
 
 
@@ -103,9 +111,12 @@ def _ones(n: int, dt: np.dtype) -> np.ndarray:
     return v
 
 
-def _softmax_last_(s: np.ndarray) -> np.ndarray:
+def _softmax_last_(s: np.ndarray, fast=None) -> np.ndarray:
     """Softmax over the last axis of a fresh float32/float64 array, in place (as Softmax-13)."""
     s2 = s.reshape(-1, s.shape[-1])
+    if fast is not None and s.dtype == np.float32 and s.flags.c_contiguous and s.size:
+        fast(s2, s2, 0)
+        return s
     m = np.fmax.reduce(s2, axis=1, keepdims=True)
     s2 -= m
     np.exp(s2, out=s2)
@@ -124,6 +135,8 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
     if mode not in ("add", "keep_true", "keep_false"):
         raise ValueError(f"ScaledDotProductAttention: unknown mask_mode {mode!r}")
     fill = float(info.attrs.get("mask_fill", 0.0))
+    why = _numba.disabled_reason()
+    fast = None if why else _numba.load("softmax_rows")
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask=None) -> np.ndarray:
         kt = np.swapaxes(k, -1, -2) if transpose_k else k
@@ -138,8 +151,10 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
                 s *= dt.type(scale)
         if mask is not None:
             s = _apply_mask(s, mask, mode, fill)
-        return np.matmul(_softmax_last_(s), v)
+        return np.matmul(_softmax_last_(s, fast), v)
 
+    run.variant = "sdpa.blas_numba" if fast is not None else "sdpa.blas"
+    run.variant_reason = why
     return run
 
 

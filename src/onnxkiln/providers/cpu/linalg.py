@@ -64,19 +64,41 @@ def matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
         except ValueError as e:
             raise _shape_error("MatMul", a, b, e) from e
 
+    ranks = [len(sh) if sh is not None else None for sh in info.input_shapes[:2]]
+    variant = _matmul_variant(*ranks) if len(ranks) == 2 and None not in ranks else None
     if a_type is not None and a_type.numpy.kind == "f" and a_type.numpy not in _LOW:
-        return run_blas  # float32/float64 known at plan time: straight to BLAS
+        kernel_fn = run_blas  # float32/float64 known at plan time: straight to BLAS
+    else:
+
+        def kernel_fn(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            try:
+                if a.dtype in _LOW:
+                    bb = b32 if b32 is not None else b.astype(_F32)
+                    return _mm(a.astype(_F32), bb).astype(a.dtype)
+                return _mm(a, b)
+            except ValueError as e:
+                raise _shape_error("MatMul", a, b, e) from e
+
+    if variant is not None:  # ranks known at plan time: the variant is fixed (no per-call cost)
+        kernel_fn.variant = variant
+        return kernel_fn
+    inner = kernel_fn
 
     def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        try:
-            if a.dtype in _LOW:
-                bb = b32 if b32 is not None else b.astype(_F32)
-                return _mm(a.astype(_F32), bb).astype(a.dtype)
-            return _mm(a, b)
-        except ValueError as e:
-            raise _shape_error("MatMul", a, b, e) from e
+        run.variant = _matmul_variant(a.ndim, b.ndim)
+        return inner(a, b)
 
+    run.variant = "matmul.blas"
     return run
+
+
+def _matmul_variant(a_rank: int, b_rank: int) -> str:
+    """The trace name of the path `_mm` takes for these ranks (C-contiguous A assumed)."""
+    if a_rank <= 2 and b_rank <= 2:
+        return "matmul.gemm_2d"
+    if b_rank == 2:
+        return "matmul.folded_2d"  # A's batch dims folded into the rows of one GEMM
+    return "matmul.batched"
 
 
 def _int_scale(y: np.ndarray, factor: float) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 
 from onnxkiln.dtypes import to_numpy
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -91,18 +92,37 @@ def _softmax_in_type(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def _fast_for(info: NodeInfo, name: str) -> tuple[Callable | None, str | None]:
+    """The float32 numba kernel `name` (compiled now), or None and why not."""
+    reason = _numba.disabled_reason()
+    dt = info.input_dtypes[0] if info.input_dtypes else None
+    if reason is None and dt is not None and dt.numpy == _F64:
+        reason = "float64 runs the numpy kernel (the numba one is float32)"
+    return (None, reason) if reason else (_numba.load(name, _F32), None)
+
+
 def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.ndarray]:
     axis = int(info.attrs["axis"])
     coerce_2d = info.opset < 13
     op = info.op_type
+    fast, why = _fast_for(info, "softmax_rows")
+    tag = op.lower()
 
     def run(x: np.ndarray) -> np.ndarray:
         if x.size == 0:
             return np.empty(x.shape, x.dtype)
         ax = _axis(axis, x.ndim, op)
         if x.dtype == np.float16 and not coerce_2d:
+            run.variant, run.variant_reason = f"{tag}.numpy", "float16 evaluated in type"
             return _softmax_in_type(x, ax, log)
         xc, owned = _work(x)
+        if fast is not None and xc.dtype == _F32 and (coerce_2d or ax == x.ndim - 1):
+            run.variant, run.variant_reason = f"{tag}.numba", None
+            y = _numba.softmax_rows(fast, xc.reshape(math.prod(x.shape[:ax]), -1), log)
+            return y.reshape(x.shape).astype(x.dtype, copy=False)
+        run.variant = f"{tag}.numpy"
+        run.variant_reason = why or ("numba kernel is float32 over the last axis"
+                                     if fast is not None else None)
         if coerce_2d or ax == x.ndim - 1:
             y = _softmax_rows(xc.reshape(math.prod(x.shape[:ax]), -1), owned, log)
             y = y.reshape(x.shape)
@@ -110,6 +130,7 @@ def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.nda
             y = _softmax_axis(xc, owned, ax, log)
         return y.astype(x.dtype) if owned else y
 
+    run.variant, run.variant_reason = f"{tag}.{'numba' if fast else 'numpy'}", why
     return run
 
 
@@ -210,6 +231,10 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
     stash = to_numpy(int(info.attrs["stash_type"]))
     want_mean, want_inv = _wants(info, 1), _wants(info, 2)
     scale_c, bias_c = _Cast(_const(info, 1)), _Cast(_const(info, 2))
+    dt0 = info.input_dtypes[0] if info.input_dtypes else None
+    cdt0 = _compute_dtype(dt0.numpy) if dt0 is not None else _F32
+    fast = _numba.load("norm_rows", cdt0)
+    why = _numba.disabled_reason()
 
     def run(x: np.ndarray, scale: np.ndarray, b: np.ndarray | None = None) -> tuple:
         ax = _axis(axis, x.ndim, "LayerNormalization")
@@ -217,6 +242,21 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
         stat_shape = lead + (1,) * (x.ndim - ax)
         cdt = _compute_dtype(x.dtype)
         rows, n = math.prod(lead), math.prod(x.shape[ax:])
+        if (fast is not None and cdt == cdt0 and x.size and scale.shape == x.shape[ax:]
+                and (b is None or b.shape == x.shape[ax:])):
+            run.variant, run.variant_reason = "layernormalization.numba", None
+            xc = x.reshape(rows, n)
+            y2, mean, inv, _ = _numba.norm_rows(
+                fast, xc if xc.dtype == cdt else xc.astype(cdt), scale_c.get(scale, cdt),
+                None if b is None else bias_c.get(b, cdt), eps, False)
+            return (
+                y2.reshape(x.shape).astype(x.dtype, copy=False),
+                mean.reshape(stat_shape).astype(stash) if want_mean else None,
+                inv.reshape(stat_shape).astype(stash) if want_inv else None,
+            )
+        run.variant = "layernormalization.numpy"
+        run.variant_reason = why or ("Scale/B shapes differ from the normalized dims"
+                                     if fast is not None else None)
         if x.size == 0:
             y = np.empty(x.shape, x.dtype)
             mean = inv = np.full(stat_shape, np.nan, cdt)
@@ -240,6 +280,8 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
             inv.reshape(stat_shape).astype(stash) if want_inv else None,
         )
 
+    run.variant = f"layernormalization.{'numba' if fast else 'numpy'}"
+    run.variant_reason = why
     return run
 
 

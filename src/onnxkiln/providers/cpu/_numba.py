@@ -1,0 +1,196 @@
+"""Optional numba kernels (the `fast` extra): the switch, and compilation at plan time.
+
+Kernels call `load(name, dtype)` in their factory (plan/specialisation time, i.e. while a
+session is built); it returns the compiled function for that dtype, or None when numba is
+off, and the kernel then keeps its plain-numpy path. Compilation is eager, with explicit
+signatures, and `cache=True` keeps the machine code on disk (next to the module, or under
+NUMBA_CACHE_DIR, or numba's per-user cache when the package is read-only; without any
+writable place it compiles in memory), so a user run never waits for the JIT.
+
+numba is off when it is not installed, when the environment sets ONNXKILN_NO_NUMBA=1, or
+when `ENABLED` is False (tests run both paths). The switch is read at plan time: sessions
+built before a change keep the kernels they were built with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ENABLED", "disabled_reason", "load", "stats"]
+
+ENABLED = True
+ENV = "ONNXKILN_NO_NUMBA"
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+_lock = threading.Lock()
+_compiled: dict[tuple[str, np.dtype], Callable[..., Any]] = {}
+_installed: bool | None = None
+_import_error: str | None = None  # numba is installed but does not import (numpy too new...)
+_stats = {"compiled": 0, "seconds": 0.0, "cache": None}
+
+
+def _is_installed() -> bool:
+    global _installed
+    if _installed is None:
+        _installed = importlib.util.find_spec("numba") is not None
+    return _installed
+
+
+def disabled_reason() -> str | None:
+    """None when the numba kernels are in use, else why not (for trace variant reasons)."""
+    if not ENABLED:
+        return "numba kernels switched off (onnxkiln.providers.cpu._numba.ENABLED = False)"
+    if os.environ.get(ENV, "").strip() not in ("", "0"):
+        return f"numba kernels switched off by {ENV}=1"
+    if not _is_installed():
+        return "numba is not installed (pip install onnxkiln[fast])"
+    if _import_error is not None:
+        return f"numba does not import: {_import_error}"
+    return None
+
+
+def stats() -> dict[str, Any]:
+    """How many kernels were compiled or loaded from the disk cache, and the seconds spent."""
+    return dict(_stats)
+
+
+def _signature(name: str, dt: np.dtype):
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+
+    def arr(nd: int, ro: bool = True):
+        return types.Array(f, nd, "C", readonly=ro)
+
+    i64 = types.int64
+    if name == "softmax_rows":
+        return (arr(2), arr(2, False), i64)
+    if name == "gelu":
+        return (arr(2), arr(1), i64, arr(2, False), i64)
+    if name == "norm_rows":
+        return (arr(2), arr(2), arr(1), arr(1), arr(1), types.UniTuple(i64, 5), types.float64,
+                arr(2, False), arr(2, False), arr(1, False), arr(1, False))
+    if name == "conv2d":
+        return (arr(4), arr(4), arr(1), types.UniTuple(i64, 7), arr(4, False))
+    raise KeyError(name)
+
+
+# Which dtypes each kernel has: the float32-only ones use float32 polynomial exp/erf forms.
+_DTYPES = {
+    "softmax_rows": (_F32,),
+    "gelu": (_F32,),
+    "norm_rows": (_F32, _F64),
+    "conv2d": (_F32, _F64),
+}
+
+
+def _compile(name: str, dt: np.dtype) -> Callable[..., Any] | None:
+    global _import_error
+    try:
+        import numba
+
+        from onnxkiln.providers.cpu import _numba_jit
+    except ImportError as e:  # e.g. a numba release older than the installed numpy
+        _import_error = str(e)
+        return None
+
+    fn = getattr(_numba_jit, name)
+    sig = _signature(name, dt)
+    opts = {"nogil": True, "fastmath": _numba_jit.FASTMATH, "error_model": "numpy"}
+    try:
+        return numba.njit([sig], cache=True, **opts)(fn)
+    except RuntimeError as e:  # "cannot cache function ...: no locator available"
+        if "cache" not in str(e):
+            raise
+        _stats["cache"] = f"no writable cache location: compiled in memory ({e})"
+        return numba.njit([sig], **opts)(fn)
+    finally:
+        if _numba_jit.NO_CACHE and _stats["cache"] is None:
+            _stats["cache"] = f"no writable cache location: compiled in memory " \
+                              f"({_numba_jit.NO_CACHE[0]})"
+
+
+def supports(name: str, dtype: Any) -> bool:
+    """Whether kernel `name` has a numba version for `dtype`."""
+    return np.dtype(dtype) in _DTYPES[name]
+
+
+def load(name: str, dtype: Any = _F32) -> Callable[..., Any] | None:
+    """The compiled kernel `name` for dtype, compiled (or loaded from the disk cache) now;
+    None when numba is off or the kernel has no version for dtype."""
+    if disabled_reason() is not None:
+        return None
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES[name]:
+        return None
+    key = (name, dt)
+    fn = _compiled.get(key)
+    if fn is None:
+        with _lock:
+            fn = _compiled.get(key)
+            if fn is None:
+                start = time.perf_counter()
+                fn = _compile(name, dt)
+                if fn is None:
+                    return None
+                _compiled[key] = fn
+                _stats["compiled"] += 1
+                _stats["seconds"] += time.perf_counter() - start
+    return fn
+
+
+# ------------------------------------------------------------------ calling conventions
+# The kernels take C-contiguous arrays of one dtype; these wrappers make them so and
+# allocate the outputs.
+
+
+def softmax_rows(fn: Callable[..., Any], x2: np.ndarray, log: bool) -> np.ndarray:
+    """Softmax (or log-softmax) of each row of a 2-D float32 array; a fresh result."""
+    x2 = np.ascontiguousarray(x2)
+    y = np.empty(x2.shape, x2.dtype)
+    fn(x2, y, int(log))
+    return y
+
+
+def gelu_rows(fn: Callable[..., Any], x: np.ndarray, bias: np.ndarray | None, tanh: bool,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """GELU of float32 x (+ bias over the last axis), into `out` (may be x) or a fresh array."""
+    n = x.shape[-1] if x.ndim else 1
+    x2 = np.ascontiguousarray(x).reshape(-1, n) if n else x.reshape(0, 0)
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    if x2.size:
+        b = x2[0] if bias is None else np.ascontiguousarray(bias, dtype=x.dtype)
+        fn(x2, b, int(bias is not None), y.reshape(x2.shape), int(tanh))
+    return y
+
+
+def norm_rows(
+    fn: Callable[..., Any], x2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None,
+    eps: float, simplified: bool, skip: np.ndarray | None = None,
+    bias: np.ndarray | None = None, want_total: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(Skip)LayerNorm/RMSNorm over the rows of 2-D x2, all operands in x2's dtype:
+    (y, mean, inv_std, x + skip + bias or None). skip is (k, n) and repeats every k rows."""
+    dt = x2.dtype
+    x2 = np.ascontiguousarray(x2)
+    rows, n = x2.shape
+    g = np.ascontiguousarray(gamma, dtype=dt).reshape(n)
+    be = g if beta is None else np.ascontiguousarray(beta, dtype=dt).reshape(n)
+    bi = g if bias is None else np.ascontiguousarray(bias, dtype=dt).reshape(n)
+    sk = x2 if skip is None else np.ascontiguousarray(skip, dtype=dt).reshape(-1, n)
+    y = np.empty((rows, n), dt)
+    total = np.empty((rows, n), dt) if want_total else y
+    mean = np.empty(rows, dt)
+    inv = np.empty(rows, dt)
+    flags = (int(skip is not None), int(bias is not None), int(beta is not None),
+             int(simplified), int(want_total))
+    fn(x2, sk, bi, g, be, flags, float(eps), y, total, mean, inv)
+    return y, mean, inv, (total if want_total else None)
