@@ -16,13 +16,13 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxkiln demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
 
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
 bench: $(STAMP)
-	$(PY) bench/run.py
+	$(PY) -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,247 @@
+"""The Ray Serve deployment: HTTP routes over one session per replica, `@serve.batch`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import onnx
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from onnxkiln.errors import InvalidOptionError
+from onnxkiln.integrations.ray._config import ModelSource, SessionConfig, model_source
+from onnxkiln.integrations.ray._http import (
+    JSON,
+    Engine,
+    HttpError,
+    decode,
+    encode,
+    error_body,
+    error_for,
+    response_format,
+)
+from onnxkiln.types import IoMeta
+
+__all__ = ["ModelServer", "deployment", "serve_model"]
+
+logger = logging.getLogger(__name__)
+
+ROUTES = {
+    "POST /predict": "run the model (JSON, npz or npy body; see onnxkiln.integrations.ray)",
+    "GET /health": "200 when the replica's session is loaded",
+    "GET /metadata": "inputs, outputs, model metadata, device, batching and counters",
+    "GET /": "this list",
+}
+
+
+@serve.deployment(name="onnxkiln")
+class ModelServer:
+    """One replica: loads the model once, answers the routes in `ROUTES`."""
+
+    def __init__(self, model: ModelSource, config: SessionConfig, batching: bool | None,
+                 max_batch_size: int, batch_wait_timeout_s: float,
+                 max_request_bytes: int) -> None:
+        self.session = config.load(model)
+        self.engine = Engine(self.session, batching)
+        self._inputs = self.session.inputs()
+        self._outputs = self.session.outputs()
+        self._max_bytes = max_request_bytes
+        self._batched = self.engine.batchable and max_batch_size > 1 and batching is not False
+        self._max_batch_size = max_batch_size
+        self._wait = batch_wait_timeout_s
+        self._predict_batched.set_max_batch_size(max_batch_size)
+        self._predict_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            route = _route(request)
+            if route == "/predict":
+                _allow(request, "POST")
+                return await self._predict(request)
+            if route not in ("/", "/health", "/metadata"):
+                raise HttpError(404, f"no route {route}; routes: {list(ROUTES)}", "NotFound")
+            _allow(request, "GET", "HEAD")
+            if route == "/health":
+                return _json({"status": "ok", "device": str(self.session.device_id())})
+            if route == "/metadata":
+                return _json(self.metadata())
+            return _json({"routes": ROUTES})
+        except HttpError as e:
+            return _error(e)
+        except Exception as e:  # a bug: answer 500 and keep serving
+            logger.exception("onnxkiln server: request failed")
+            return _error(error_for(e))
+
+    def metadata(self) -> dict[str, Any]:
+        """What GET /metadata returns."""
+        return {
+            "inputs": [_io(m) for m in self._inputs],
+            "outputs": [_io(m) for m in self._outputs],
+            "model": asdict(self.session.model_metadata()),
+            "device": str(self.session.device_id()),
+            "batching": {"enabled": self._batched, "stacking": self.engine.reason,
+                         "max_batch_size": self._max_batch_size,
+                         "batch_wait_timeout_s": self._wait},
+            "stats": self.engine.stats(),
+        }
+
+    def check_health(self) -> None:
+        """Serve's periodic replica check: the session must be there."""
+        if self.session is None:
+            raise RuntimeError("the model session is not loaded")
+
+    async def _predict(self, request: Request) -> Response:
+        body = await _read_body(request, self._max_bytes)
+        req = decode(body, request.headers.get("content-type"), self._inputs, self._outputs,
+                     self._max_bytes, request.query_params.get("outputs"))
+        if self._batched:
+            result = await self._predict_batched(req.feeds)
+        else:
+            result = await asyncio.to_thread(self.engine.run, req.feeds)
+        if isinstance(result, BaseException):
+            raise error_for(result)
+        names = [m.name for m in self._outputs]
+        picked = [names.index(n) for n in req.outputs] if req.outputs is not None else None
+        if picked is not None:
+            names, result = [names[i] for i in picked], [result[i] for i in picked]
+        fmt = response_format(req.fmt, request.headers.get("accept"), len(names))
+        content, media = encode(names, result, fmt)
+        return Response(content, media_type=media)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _predict_batched(self, requests: list[dict[str, Any]]) -> list[Any]:
+        return await asyncio.to_thread(self.engine.run_batch, requests)
+
+
+def deployment(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    name: str = "onnxkiln",
+    num_replicas: int = 1,
+    batching: bool | None = None,
+    max_batch_size: int = 32,
+    batch_wait_timeout_s: float = 0.005,
+    max_request_bytes: int = 64 << 20,
+    max_ongoing_requests: int | None = None,
+    ray_actor_options: Mapping[str, Any] | None = None,
+    device: str = "auto",
+    providers: Sequence[str] | None = None,
+    optimization: str = "all",
+    intra_op_threads: int | None = None,
+    options: Mapping[str, str] | None = None,
+    check_path: bool = True,
+) -> serve.Application:
+    """A Serve application serving `model` over HTTP; run it with `serve.run(app)`.
+
+    Each of `num_replicas` replicas loads the model once. Requests are queued by
+    `@serve.batch` (up to `max_batch_size` requests or `batch_wait_timeout_s`) and
+    compatible ones share one run (see `onnxkiln.integrations.ray._http`). `batching`:
+    None (default) batches when every input and output has the same symbolic first
+    dim; False serves each request on its own, without the batch queue; True stacks
+    even when the model does not declare a batch dim (outputs must be per-row; runs
+    whose outputs do not have the stacked row count are redone one by one).
+    `ray_actor_options` are the replicas' (e.g. {"num_gpus": 1} with device "cuda");
+    `device`, `providers`, `optimization`, `intra_op_threads` and `options` go to
+    `InferenceSession.builder()`. Bad settings raise here, before anything is deployed;
+    so does a model path missing on this machine, unless `check_path=False` (a path only
+    the cluster's nodes see).
+
+    Example:
+        >>> from ray import serve
+        >>> serve.run(deployment("model.onnx", num_replicas=2), route_prefix="/")
+        >>> # curl -d '{"inputs": {"x": [[1, 2, 3]]}}' -H 'content-type: application/json' \\
+        >>> #      localhost:8000/predict
+    """
+    config = SessionConfig.of(device, providers, optimization, intra_op_threads, options)
+    source = model_source(model, check_path)
+    for what, value in (("num_replicas", num_replicas), ("max_batch_size", max_batch_size),
+                        ("max_request_bytes", max_request_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidOptionError(f"{what} must be an int >= 1, got {value!r}")
+    if not isinstance(batch_wait_timeout_s, int | float) or batch_wait_timeout_s < 0:
+        raise InvalidOptionError(
+            f"batch_wait_timeout_s must be a number >= 0, got {batch_wait_timeout_s!r}")
+    if batching not in (None, True, False):
+        raise InvalidOptionError(f"batching must be None, True or False, got {batching!r}")
+    settings: dict[str, Any] = {
+        "name": name,
+        "num_replicas": num_replicas,
+        "max_ongoing_requests": max_ongoing_requests or max(2 * max_batch_size, 16),
+    }
+    if ray_actor_options is not None:
+        settings["ray_actor_options"] = dict(ray_actor_options)
+    return ModelServer.options(**settings).bind(
+        source, config, batching, max_batch_size, float(batch_wait_timeout_s),
+        max_request_bytes)
+
+
+def serve_model(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    route_prefix: str = "/",
+    app_name: str = "onnxkiln",
+    **kwargs: Any,
+) -> str:
+    """Start Serve's HTTP proxy on host:port (Ray must be up, or starts locally), run
+    `deployment(model, **kwargs)` under `route_prefix` and return its base URL.
+
+    When Serve already runs on the cluster its proxy keeps its own host and port (Serve
+    cannot change them while running); the app is added to it."""
+    app = deployment(model, **kwargs)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=app_name, route_prefix=route_prefix, blocking=False)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{shown}:{port}{route_prefix.rstrip('/')}"
+
+
+def _route(request: Request) -> str:
+    path = request.url.path
+    root = request.scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return "/" + path.strip("/")
+
+
+def _allow(request: Request, *methods: str) -> None:
+    if request.method not in methods:
+        raise HttpError(405, f"{request.url.path} takes {' or '.join(methods)}, not "
+                        f"{request.method}", "MethodNotAllowed", {"Allow": ", ".join(methods)})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"the body has {declared} bytes, over the server's limit of "
+                        f"{limit}", "PayloadTooLarge")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"the body is over the server's limit of {limit} bytes",
+                            "PayloadTooLarge")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _io(meta: IoMeta) -> dict[str, Any]:
+    return {"name": meta.name, "dtype": str(meta.dtype), "kind": meta.kind,
+            "shape": list(meta.shape) if meta.shape is not None else None,
+            "optional": meta.optional}
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(doc), status_code=status, media_type=JSON)
+
+
+def _error(e: HttpError) -> Response:
+    return Response(error_body(e.status, e.kind, e.message), status_code=e.status,
+                    media_type=JSON, headers=e.headers)
