@@ -371,3 +371,51 @@ def test_memory_limit_applies_to_warmup_at_load_and_with_tracing():
     s.run({"x": np.ones(1000, np.float32)})
     assert s.last_run_peak_bytes() == 12000
     assert [sp.name for sp in ctx.spans] == ["Relu", "Neg", "Add", "model_run"]
+
+
+def _value_sized(op: str, feeds: dict, rank: int):
+    node = helper.make_node(op, list(feeds), ["y"], name="grow")
+    return make_model([node], [tensor_info(k, v.dtype, v.shape) for k, v in feeds.items()],
+                      [tensor_info("y", np.float32, [f"d{i}" for i in range(rank)])])
+
+
+VALUE_SIZED = [  # op, feeds, expected output bytes: each from a few bytes of input values
+    ("ConstantOfShape", {"shape": np.array([1 << 20, 1 << 20], np.int64)}, 2, 4 << 40),
+    ("Expand", {"x": np.ones((1, 1), np.float32), "shape": np.array([1 << 18, 1 << 18])}, 2,
+     4 << 36),
+    ("Tile", {"x": np.ones((2,), np.float32), "r": np.array([1 << 40], np.int64)}, 1, 8 << 40),
+    ("Range", {"a": np.array(0, np.float32), "b": np.array(1e12, np.float32),
+               "d": np.array(1, np.float32)}, 1, 4 * int(np.float32(1e12))),
+]
+
+
+@pytest.mark.parametrize(("op", "feeds", "rank", "nbytes"), VALUE_SIZED,
+                         ids=[c[0] for c in VALUE_SIZED])
+def test_sizes_that_follow_from_input_values_are_refused_before_allocating(op, feeds, rank,
+                                                                          nbytes):
+    s = (InferenceSession.builder().memory_limit(1 << 30)
+         .from_graph(_value_sized(op, feeds, rank)))
+    with pytest.raises(MemoryLimitError) as info:
+        s.run(feeds)
+    assert "predicted from its input values before running" in str(info.value)
+    assert (info.value.node_name, info.value.output_bytes) == ("grow", nbytes)
+
+
+def test_broadcasting_over_computed_shapes_is_refused_before_allocating():
+    """Two small vectors reshaped at run time into [n, 1] and [1, n]: Add would make n*n."""
+    n = 1 << 16
+    nodes = [helper.make_node("Reshape", ["a", "col"], ["ac"]),
+             helper.make_node("Reshape", ["b", "row"], ["br"]),
+             helper.make_node("Add", ["ac", "br"], ["y"], name="outer")]
+    model = make_model(nodes, [tensor_info("a", np.float32, ["n"]),
+                               tensor_info("b", np.float32, ["n"]),
+                               tensor_info("col", np.int64, [2]),
+                               tensor_info("row", np.int64, [2])],
+                       [tensor_info("y", np.float32, ["r", "c"])])
+    feeds = {"a": np.ones(n, np.float32), "b": np.ones(n, np.float32),
+             "col": np.array([n, 1]), "row": np.array([1, n])}
+    s = InferenceSession.builder().memory_limit(1 << 30).from_graph(model)
+    with pytest.raises(MemoryLimitError, match="node 'outer'.*predicted from its input values"):
+        s.run(feeds)
+    small = {**feeds, "col": np.array([n, 1]), "row": np.array([n, 1])}
+    np.testing.assert_array_equal(s.run(small)[0], np.full((n, 1), 2, np.float32))

@@ -38,6 +38,7 @@ from onnxkiln.dtypes import DataType
 from onnxkiln.errors import KernelError, RunCancelledError, SessionError
 from onnxkiln.memory import plan_donations
 from onnxkiln.plan import Plan, Step
+from onnxkiln.sizes import SIZED_OPS
 from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
 
 __all__ = [
@@ -58,7 +59,9 @@ class CompiledPlan:
     """A plan turned into two generated Python functions over the same steps.
 
     `run(inputs)` is the hot path: straight-line kernel calls, nothing else.
-    `run_hooked(inputs, h)` calls `h.start(i)` before step i and `h.finish(token, ins,
+    `run_hooked(inputs, h)` calls `h.sizing(i, ins)` before steps whose output size
+    follows from input values (onnxkiln.sizes), `h.start(i)` before step i and
+    `h.finish(token, ins,
     outs)` after it (tracing, memory accounting); a run picks one of the two, so the
     untraced path carries no per-op check at all.
     """
@@ -231,6 +234,8 @@ def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
             written = step.outputs if step.spec.multi_output else step.outputs[:1]
             outs = [s for s in written if s is not None]
             if hooked:
+                if step.domain == "" and step.op_type in SIZED_OPS:
+                    emit(f"h.sizing({i}, ({args}{',' if step.inputs else ''}))")
                 emit(f"_h = h.start({i})")
             if step.spec.multi_output:
                 emit(f"_t = k{i}({args})", i)
@@ -277,6 +282,9 @@ class CancelHook:
         self._event = event
         self._steps = plan.steps
         self._graph = graph
+
+    def sizing(self, index: int, ins: tuple) -> None:
+        pass
 
     def start(self, index: int) -> None:
         if self._event.is_set():
@@ -328,6 +336,10 @@ class HookPair:
     def __init__(self, first: Any, second: Any) -> None:
         self.first = first
         self.second = second
+
+    def sizing(self, index: int, ins: tuple) -> None:
+        self.first.sizing(index, ins)
+        self.second.sizing(index, ins)
 
     def start(self, index: int) -> tuple[Any, Any]:
         return self.first.start(index), self.second.start(index)

@@ -221,11 +221,13 @@ def _produce(ledger: _Ledger, mplan: MemoryPlan, i: int, nbytes: Sequence[int],
 class MemoryTracker:
     """Executor hooks for one run: observed live bytes, checked as each kernel returns."""
 
-    __slots__ = ("_ledger", "_limit", "_mplan", "reuses", "sizes")
+    __slots__ = ("_ledger", "_limit", "_mplan", "_predictors", "reuses", "sizes")
 
-    def __init__(self, mplan: MemoryPlan, limit: int | float, inputs: Sequence[Any]) -> None:
+    def __init__(self, mplan: MemoryPlan, limit: int | float, inputs: Sequence[Any],
+                 predictors: dict[int, Any] | None = None) -> None:
         self._mplan = mplan
         self._limit = limit
+        self._predictors = predictors or {}
         self._ledger = _Ledger()
         self.reuses = 0  # steps whose output was written into their donated input
         self.sizes: dict[int, int] = {}  # bytes of each value produced, by slot
@@ -240,6 +242,18 @@ class MemoryTracker:
     def peak(self) -> int:
         """The largest number of live bytes seen so far."""
         return self._ledger.peak
+
+    def sizing(self, index: int, ins: tuple) -> None:
+        """Refuse a step whose outputs, sized from its input values (onnxkiln.sizes), would
+        cross the limit: before its kernel allocates anything."""
+        predict = self._predictors.get(index)
+        if predict is None:
+            return
+        nbytes = predict(ins)
+        live = self._ledger.live
+        if nbytes is not None and live + nbytes > self._limit:
+            raise _limit_error(self._mplan.plan.steps[index], live, nbytes, self._limit,
+                               "predicted from its input values before running")
 
     def start(self, index: int) -> int:
         return index

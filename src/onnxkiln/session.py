@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxkiln import ep_context, loader, optimizer
+from onnxkiln import ep_context, loader, optimizer, sizes
 from onnxkiln.bindings import BindingPlans, DeviceIoBinding, store
 from onnxkiln.dtypes import DataType, from_numpy
 from onnxkiln.errors import (
@@ -238,6 +238,7 @@ class InferenceSession:
             [m.name for m in self._inputs], [m.name for m in self._outputs],
             self._compiled.inplace)
         self._bindings: list[DeviceIoBinding] = []
+        self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
         self._last_peak: int | None = None
 
     # construction -----------------------------------------------------------
@@ -320,8 +321,10 @@ class InferenceSession:
                     cancel: Any = None) -> list[Any]:
         tracker = None
         if self._track_memory:
+            if self._memory_limit is not None and self._size_predictors is None:
+                self._size_predictors = sizes.predictors(self._plan.steps, self._model.graph)
             tracker = MemoryTracker(self._memory_plan, self._memory_limit or float("inf"),
-                                    values)
+                                    values, self._size_predictors)
         stop = None
         if cancel is not None:
             if cancel.is_set():
