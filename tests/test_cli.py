@@ -118,3 +118,24 @@ def test_bad_command_line_values_exit_with_code_2(model_path, capsys):
     assert "error: --dim takes NAME=VALUE, got 'batch'" in capsys.readouterr().out
     assert main(["profile", str(model_path), "--runs", "0"]) == 2
     assert "error: --runs must be >= 1" in capsys.readouterr().out
+
+
+def test_check_reports_opsets_and_placement(model_path, capsys):
+    assert main(["check", str(model_path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "opsets ai.onnx" in out and "nodes per provider: cpu" in out
+    assert "ok: every node has a kernel" in out
+
+
+def test_check_lists_every_unsupported_op_and_exits_1(tmp_path, capsys):
+    nodes = [helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.ops", name="a"),
+             helper.make_node("AlsoMissing", ["y"], ["z"], domain="example.ops", name="b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2])],
+                              [helper.make_tensor_value_info("z", 1, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("example.ops", 1)])
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, path)
+    assert main(["check", str(path), "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "NoSuchOp" in out and "AlsoMissing" in out and "2 node(s)" in out

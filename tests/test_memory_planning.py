@@ -49,6 +49,9 @@ class _Recorder:
     def __init__(self):
         self.reused: dict[int, int] = {}
 
+    def sizing(self, index, ins):
+        pass
+
     def start(self, index):
         return index
 

@@ -3,12 +3,14 @@ matches onnxruntime on them."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from functools import cache
 
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxkiln import zoo
@@ -30,6 +32,11 @@ CASES = {
     "gpt_range_mask_prefill_past2": (
         zoo.gpt_decoder_step, {"causal_mask": "range"}, {"batch": 2, "seq": 3, "past_seq": 2}
     ),
+    "mobilenet": (zoo.mobilenet_v2, {}, {}),
+    "mobilenet_batch2": (zoo.mobilenet_v2, {"image_size": 24}, {"batch": 2}),
+    "lstm": (zoo.lstm, {}, {}),
+    "lstm_batch2_seq9_one_layer": (zoo.lstm, {"layers": 1}, {"batch": 2, "seq": 9}),
+    "lstm_three_layers": (zoo.lstm, {"layers": 3, "input_size": 4}, {"seq": 3}),
 }
 
 @cache
@@ -145,3 +152,47 @@ def test_default_model_is_small_and_runs():
     outs = run_ort(model, feeds)
     assert outs[0].shape == (1, 32, 64)
     assert sum(t.ByteSize() for t in model.graph.initializer) < 2_000_000
+
+
+def test_mobilenet_v2_realistic_topology_with_shrunk_widths():
+    _, _, realistic = zoo.MODELS["mobilenet"]
+    stages = tuple((t, 8, n, s) for t, _, n, s in realistic.stages)
+    model = zoo.mobilenet_v2(dataclasses.replace(realistic, stages=stages, stem_width=8,
+                                                 last_width=16, image_size=32))
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    # 17 blocks: 16 expand + 17 depthwise + 17 project convs, stem and last conv
+    assert ops["Conv"] == 52 and ops["BatchNormalization"] == 52 and ops["Clip"] == 35
+    depthwise = [n for n in model.graph.node if n.op_type == "Conv"
+                 and next(a.i for a in n.attribute if a.name == "group") > 1]
+    assert len(depthwise) == 17
+    assert ops["Add"] == 13  # 10 later blocks + 3 stride-1 stage starts (widths all equal)
+    out = run_ort(model, zoo.random_inputs(model))
+    assert out[0].shape == (1, 1000) and np.isfinite(out[0]).all()
+
+
+def test_mobilenet_v2_realistic_parameter_count():
+    model = zoo.mobilenet_v2(zoo.MobileNetConfig.v2())
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    bn_stats = sum(int(np.prod(t.dims)) for t in model.graph.initializer
+                   if t.name.endswith(("running_mean", "running_var")))
+    assert params - bn_stats == 3_504_872  # torchvision mobilenet_v2's parameter count
+    assert len(model.graph.node) == 154
+    assert sum(n.op_type == "Add" for n in model.graph.node) == 10
+
+
+def test_lstm_matches_a_numpy_recurrence():
+    model = _model(zoo.lstm, (("layers", 1),))
+    feeds = zoo.random_inputs(model, seed=2, batch=2, seq=4)
+    w, r, bias = (numpy_helper.to_array(t)[0] for t in model.graph.initializer[:3])
+    n = r.shape[1]
+    h = c = np.zeros((2, n), np.float32)
+    ys = []
+    for x in feeds["x"].transpose(1, 0, 2):
+        i, o, f, g = np.split(x @ w.T + h @ r.T + bias[:4 * n] + bias[4 * n:], 4, axis=1)
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sig(f) * c + sig(i) * np.tanh(g)
+        h = sig(o) * np.tanh(c)
+        ys.append(h)
+    output, logits = run_ort(model, feeds)
+    np.testing.assert_allclose(output, np.stack(ys, axis=1), rtol=1e-5, atol=1e-6)
+    assert logits.shape == (2, 5)

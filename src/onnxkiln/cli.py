@@ -1,4 +1,4 @@
-"""`onnxkiln run | info | bench | profile | demo`: the command line."""
+"""`onnxkiln run | info | check | bench | profile | demo | serve`: the command line."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rich.table import Column, Table
 
 from onnxkiln import loader
 from onnxkiln.dtypes import DataType, to_numpy
-from onnxkiln.errors import SessionError
+from onnxkiln.errors import SessionError, UnsupportedOpError
 from onnxkiln.session import InferenceSession
 from onnxkiln.trace import OpTime, TraceContext, summarize
 from onnxkiln.types import IoMeta
@@ -45,8 +45,8 @@ class _UsageError(Exception):
     """A bad command-line value; printed as `error: ...` with exit code 2."""
 
 
-def _feed_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model")
+def _feed_args(p: argparse.ArgumentParser, model_optional: bool = False) -> None:
+    p.add_argument("model", nargs="?" if model_optional else None)
     p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|random")
     p.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                    help="size for a symbolic dim of random inputs (default 1)")
@@ -61,12 +61,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=1)
     run.add_argument("--save", metavar="DIR", help="write each output to DIR/<name>.npy")
     run.set_defaults(func=_cmd_run)
-    bench = sub.add_parser("bench", help="latency percentiles and throughput, vs onnxruntime")
-    _feed_args(bench)
+    bench = sub.add_parser("bench", help="latency percentiles and throughput, vs onnxruntime; "
+                           "--suite: the benchmark suite")
+    _feed_args(bench, model_optional=True)
     bench.add_argument("--runs", type=int, default=100)
     bench.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     bench.add_argument("--threads", type=int, help="intra-op threads (both runtimes)")
     bench.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
+    bench.add_argument("--suite", nargs=argparse.REMAINDER, metavar="SUITE OPTIONS",
+                       help="run the benchmark suite (the zoo models vs onnxruntime and onnx's "
+                       "ReferenceEvaluator; needs the source checkout's bench/ folder); every "
+                       "later argument goes to it: see `python -m bench --help`")
     bench.set_defaults(func=_cmd_bench)
     profile = sub.add_parser("profile", help="time per op type and node, and a Chrome trace")
     _feed_args(profile)
@@ -78,10 +83,72 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="inputs, outputs, opsets, op histogram and size")
     info.add_argument("model")
     info.set_defaults(func=_cmd_info)
+    check = sub.add_parser("check", help="can this model run here: unsupported ops, opsets, "
+                           "placement per provider")
+    check.add_argument("model")
+    check.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    check.add_argument("--providers", help="comma-separated priority list, e.g. cuda,cpu")
+    check.add_argument("--optimization", default="all",
+                       choices=["disabled", "basic", "extended", "all"])
+    check.set_defaults(func=_cmd_check)
     demo = sub.add_parser("demo", help="run the built-in demo model, and onnxruntime if present")
     demo.add_argument("--repeat", type=int, default=20)
     demo.set_defaults(func=_cmd_demo)
+    _serve_args(sub.add_parser("serve", help="serve a model over HTTP on Ray Serve (extra 'ray')"))
     return parser
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on all interfaces")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--replicas", type=int, default=1, help="replicas, each with its session")
+    p.add_argument("--max-batch-size", type=int, default=32,
+                   help="requests per @serve.batch batch; 1 turns batching off")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits to fill")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, help="intra-op threads per replica")
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    p.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs Ray gives each replica")
+    p.add_argument("--route-prefix", default="/")
+    p.add_argument("--name", default="onnxkiln", help="the Serve application's name")
+    p.add_argument("--address", help="a Ray cluster to join (default: start a local one)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    from onnxkiln.integrations.ray._cli import serve_command
+
+    return serve_command(args, console)
+
+
+def _cmd_check(args: argparse.Namespace, console: Console) -> int:
+    """Exit 0 when every node has a kernel on the asked providers, 1 when some do not."""
+    builder = InferenceSession.builder().device(args.device).optimization(args.optimization)
+    if args.providers:
+        builder = builder.providers([p.strip() for p in args.providers.split(",") if p.strip()])
+    try:
+        session = builder.load(args.model)
+    except UnsupportedOpError as e:
+        console.print(f"[bold red]unsupported:[/] {e}", markup=True)
+        return 1
+    meta = session.model_metadata()
+    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(meta.opset_imports.items()))
+    console.print(f"{args.model}: opsets {opsets}; {len(list(session.graph()))} nodes after "
+                  f"optimization '{args.optimization}'; device {session.device_id()}")
+    placed = collections.Counter(s.provider for s in session._plan.steps if s.node_id >= 0)
+    console.print("nodes per provider: " + ", ".join(f"{p} {n}" for p, n in placed.items()))
+    report = session.execution_provider_fallback_report()
+    if report is not None:
+        console.print(f"fallback: {report}")
+        table = Table("node", "op", "reason")
+        for d in report.declines:
+            table.add_row(d.node_name, f"{d.domain or 'ai.onnx'}::{d.op_type}", d.reason)
+        if report.declines:
+            console.print(table)
+    console.print("ok: every node has a kernel")
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -123,6 +190,10 @@ def _feeds(session: InferenceSession, args: argparse.Namespace) -> dict[str, np.
 
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.suite is not None:
+        return _bench_suite(args)
+    if args.model is None:
+        raise _UsageError("bench needs a MODEL file (or --suite for the benchmark suite)")
     if args.runs < 1 or args.warmup < 0:
         raise _UsageError("--runs must be >= 1 and --warmup >= 0")
     builder = InferenceSession.builder()
@@ -159,6 +230,27 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
                       f"p99 {ours['p99'] / theirs['p99']:.2f}x, throughput "
                       f"{ours['rate'] / theirs['rate']:.2f}x")
     return 0
+
+
+def _bench_suite(args: argparse.Namespace) -> int:
+    """`onnxkiln bench --suite ...`: the harness in the checkout's bench/ (python -m bench)."""
+    if args.model is not None:
+        raise _UsageError("bench --suite builds its own models; drop the MODEL argument")
+    suite_args = list(args.suite)
+    if args.threads and "--threads" not in suite_args:
+        suite_args += ["--threads", str(args.threads)]
+    root = Path(__file__).resolve().parents[2]
+    if (root / "bench" / "suite.py").is_file():
+        sys.path.insert(0, str(root))
+    try:
+        from bench import _env  # type: ignore[import-not-found]
+        from bench.suite import main as suite_main  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise _UsageError("--suite needs onnxkiln's source checkout (its bench/ folder); "
+                          f"run `python -m bench` there ({e})") from e
+    # numpy is loaded already: drop the OpenBLAS pins by re-executing `python -m bench`
+    _env.unpin(suite_args, keep_env="--keep-env" in suite_args)
+    return suite_main(suite_args)
 
 
 def _ort_runner(args: argparse.Namespace, console: Console):
