@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 
@@ -419,3 +421,28 @@ def test_broadcasting_over_computed_shapes_is_refused_before_allocating():
         s.run(feeds)
     small = {**feeds, "col": np.array([n, 1]), "row": np.array([n, 1])}
     np.testing.assert_array_equal(s.run(small)[0], np.full((n, 1), 2, np.float32))
+
+
+def test_default_threads_are_the_physical_cores(monkeypatch):
+    from onnxkiln import threads
+
+    assert 1 <= threads.physical_cores() <= (os.cpu_count() or 1)
+    calls = []
+
+    class Limit:
+        def limit(self, limits, user_api):
+            calls.append((limits, user_api))
+            return contextlib.nullcontext()
+
+        def info(self):
+            return [{"user_api": "blas", "num_threads": threads.physical_cores() + 3}]
+
+    monkeypatch.setattr(threads, "_controller", lambda: Limit())
+    threads.default_threads.cache_clear()
+    try:
+        s = InferenceSession.from_graph(_pair_model())
+        assert s._threads == threads.physical_cores()
+        s.run({"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)})
+        assert calls == [(threads.physical_cores(), "blas")]
+    finally:
+        threads.default_threads.cache_clear()

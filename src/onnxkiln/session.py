@@ -42,7 +42,7 @@ from onnxkiln.partition import (
 from onnxkiln.plan import Plan, build_plan
 from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.specialize import Specialization, SpecializationCache
-from onnxkiln.threads import thread_limit
+from onnxkiln.threads import default_threads, thread_limit
 from onnxkiln.trace import TraceContext
 from onnxkiln.types import (
     CacheStats,
@@ -114,7 +114,8 @@ class SessionBuilder:
         return self
 
     def intra_op_threads(self, n: int) -> SessionBuilder:
-        """Threads BLAS may use inside one op (applied through threadpoolctl per run)."""
+        """Threads BLAS may use inside one op (applied through threadpoolctl per run);
+        default: the physical cores this process may use."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidOptionError(f"intra_op_threads must be an int >= 1, got {n!r}")
         self._threads = n
@@ -207,7 +208,7 @@ class InferenceSession:
         self._model = model
         self._placement = placement
         self._optimization = config._optimization
-        self._threads = config._threads
+        self._threads = config._threads if config._threads is not None else default_threads()
         self._control_flow = ControlFlowCounter()
         self._raw_plan, self._fallback = _place(model, placement, self._control_flow)
         self._plan = self._with_copies(self._raw_plan)
