@@ -171,3 +171,18 @@ def test_binding_checks_give_clear_errors():
     with pytest.raises(ok.DeviceBindingError, match="released"):
         s.run_with_device_bindings({"b": b}, [a])
     assert s.device_allocation_counts() is None  # host memory is not counted
+
+
+def test_the_decode_loop_example_matches_plain_runs(gpt):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "decode_loop.py"
+    spec = importlib.util.spec_from_file_location("decode_loop_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    s = _session(gpt, "cpu")
+    prompt = np.array([[5, 6, 7]], np.int64)
+    bound = example.greedy_with_bindings(s, CFG, prompt, steps=6, capacity=9)
+    assert bound == example.greedy_plain(s, CFG, prompt, steps=6)
+    assert len(bound) == 6
