@@ -356,9 +356,10 @@ def test_output_over_the_memory_limit_fails_before_allocating():
     assert info.value.node_name == "fill"
 
 
-def test_data_dependent_output_over_the_limit_is_caught_as_the_kernel_returns():
+def test_data_dependent_output_over_the_limit_is_caught_before_the_kernel_runs():
     session = InferenceSession.builder().memory_limit(16 << 20).from_graph(_shape_from_input())
-    with pytest.raises(MemoryLimitError, match="'fill'.*observed after the kernel returned"):
+    with pytest.raises(MemoryLimitError,
+                       match="'fill'.*predicted from its input values before running"):
         session.run({"shape": np.array([2048, 4096], np.int64)})  # 32 MiB
     np.testing.assert_array_equal(
         session.run({"shape": np.array([2, 2], np.int64)})[0], np.ones((2, 2), np.float32))

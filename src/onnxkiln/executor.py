@@ -235,7 +235,7 @@ def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
             outs = [s for s in written if s is not None]
             if hooked:
                 if step.domain == "" and step.op_type in SIZED_OPS:
-                    emit(f"h.sizing({i}, ({args}{',' if step.inputs else ''}))")
+                    emit(f"h.sizing({i}, ({args}{',' if step.inputs else ''}))", i)
                 emit(f"_h = h.start({i})")
             if step.spec.multi_output:
                 emit(f"_t = k{i}({args})", i)

@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -51,7 +52,9 @@ def load_path(path: str | os.PathLike) -> ir.Model:
         data = p.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{p}': {e}") from e
-    return load_bytes(data, external_data_dir=p.resolve().parent, source=str(p))
+    proto = _parse(data, str(p))
+    del data  # the file's bytes: the parsed message holds its own copy
+    return _from_proto(proto, p.resolve().parent, str(p))
 
 
 def load_bytes(
@@ -62,6 +65,12 @@ def load_bytes(
     """Parse and check a serialized ModelProto."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ModelLoadError(f"load_bytes expects bytes, got {type(data).__name__}")
+    proto = _parse(data, source)
+    base = Path(external_data_dir).resolve() if external_data_dir is not None else None
+    return _from_proto(proto, base, source)
+
+
+def _parse(data: bytes | bytearray | memoryview, source: str) -> onnx.ModelProto:
     if len(data) == 0:
         raise ModelLoadError(f"{source}: the model is empty (0 bytes)")
     proto = onnx.ModelProto()
@@ -73,8 +82,7 @@ def load_bytes(
             hint = ("; its messages nest deeper than protobuf's parse limit (100 levels, about "
                     "30 levels of nested subgraphs)")
         raise ModelLoadError(f"{source}: not a valid ONNX protobuf ({e}){hint}") from e
-    base = Path(external_data_dir).resolve() if external_data_dir is not None else None
-    return _from_proto(proto, base, source)
+    return proto
 
 
 def from_graph(graph: ir.Graph | ir.Model | onnx.ModelProto | onnx.GraphProto) -> ir.Model:
@@ -125,7 +133,33 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Mo
                 f"{source}: cannot inline the model-local functions: {type(e).__name__}: {e}"
             ) from e
     _check_opsets(model, source)
+    _detach_from_proto(model)
     return model
+
+
+def _detach_from_proto(model: ir.Model) -> None:
+    """Give every initializer and tensor attribute its own numpy array, so the parsed
+    protobuf (which otherwise stays alive behind them, a second copy of all the weights) is
+    freed once loading returns. Memory-mapped external data is left as it is."""
+
+    def own(tensor: Any) -> Any:
+        if not isinstance(tensor, ir.TensorProtoTensor) or tensor.dtype == ir.DataType.STRING:
+            return tensor
+        try:
+            array = tensor.numpy()
+        except Exception:  # unreadable data: planning reports it with the initializer's name
+            return tensor
+        return ir.Tensor(array, dtype=tensor.dtype, name=tensor.name,
+                         doc_string=tensor.doc_string)
+
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            value.const_value = own(value.const_value)
+        for node in graph:
+            for name, attr in list(node.attributes.items()):
+                if attr.type == ir.AttributeType.TENSOR and isinstance(
+                        attr.value, ir.TensorProtoTensor):
+                    node.attributes[name] = ir.AttrTensor(name, own(attr.value))
 
 
 def _check_depth(proto: onnx.ModelProto, source: str) -> None:

@@ -249,7 +249,10 @@ class MemoryTracker:
         predict = self._predictors.get(index)
         if predict is None:
             return
-        nbytes = predict(ins)
+        try:
+            nbytes = predict(ins)
+        except Exception:  # malformed inputs: the kernel itself reports them
+            return
         live = self._ledger.live
         if nbytes is not None and live + nbytes > self._limit:
             raise _limit_error(self._mplan.plan.steps[index], live, nbytes, self._limit,
