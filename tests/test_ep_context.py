@@ -357,3 +357,22 @@ def test_session_context_dump_refuses_an_existing_file_and_bytes_without_a_path(
     with pytest.raises(EpContextError, match="ep.context_file_path"):
         (InferenceSession.builder().providers(["fuse", "cpu"])
          .option("ep.context_enable", "1").load_bytes(model_file.read_bytes()))
+
+
+def test_session_exports_a_user_providers_partitions_of_its_graph(model_file):
+    toy = ToyProvider()
+    out = model_file.with_name("user_ctx.onnx")
+    s = (InferenceSession.builder().optimization("disabled")
+         .option("ep.context_enable", "1").option("ep.context_file_path", str(out))
+         .load(model_file))
+    path = s.export_ep_context(model_file, toy.compile(s.graph()), [toy])
+    assert path == out and out.exists()
+    proto = onnx.load(out)
+    assert [n.op_type for n in proto.graph.node] == ["MatMul", "EPContext", "Transpose",
+                                                     "EPContext"]
+    # onnxkiln has no provider for source "toy.v1": loading it names what is unclaimed
+    with pytest.raises(EpContextError, match=r"toy\.v1.*toy_a|toy_a.*toy\.v1"):
+        InferenceSession.load(out)
+    disabled = InferenceSession.builder().optimization("disabled").load(model_file)
+    target = disabled.export_ep_context(model_file, toy.compile(disabled.graph()), [toy])
+    assert target == model_file.with_name("model_ctx.onnx") and not target.exists()

@@ -577,6 +577,17 @@ class InferenceSession:
         """The EPContext dump settings from the `ep.context_*` options (SPEC §9)."""
         return self._ep_config
 
+    def export_ep_context(self, orig_path: str | os.PathLike | None,
+                          partitions: Sequence[ep_context.CompiledPartition],
+                          providers: Sequence[Any] = ()) -> Path | None:
+        """Write the context model for `partitions` of `graph()` (SPEC §9) per this session's
+        `ep.context_*` options; returns its path (the would-be path when disabled). Each
+        partition's blob comes from the provider named in it: this session's providers, or
+        compiling providers given in `providers`."""
+        chain = {p.name: p for p in (*self._placement.providers, *providers)}
+        return ep_context.export_ep_context(self._model, orig_path, partitions, chain,
+                                            self._ep_config)
+
     def compiled_partitions(self) -> list[ep_context.CompiledPartition]:
         """The partitions a compiling provider (fuse) compiled at build; node ids refer to
         the graph before they were rewritten into one node each."""

@@ -15,6 +15,7 @@ from onnxkiln.dtypes import DataType
 
 __all__ = [
     "CaptureSupport",
+    "CompilingProvider",
     "ControlFlowCounter",
     "ExecutionProvider",
     "KernelRegistry",
@@ -278,6 +279,19 @@ class ExecutionProvider(Protocol):
     def empty(self, dtype: DataType, shape: Sequence[int]) -> Any: ...
 
     def allocation_counts(self) -> Any: ...
+
+
+class CompilingProvider(ExecutionProvider, Protocol):
+    """A provider that compiles whole partitions (SPEC §9) and can save and load them as
+    EPContext nodes (onnxkiln.ep_context; the `fuse` provider implements it)."""
+
+    def compile(self, graph: Any, node_ids: Iterable[int] | None = None) -> list[Any]: ...
+
+    def save_context(self, partition: Any) -> tuple[bytes, str]: ...
+
+    def context_source_keys(self) -> list[str]: ...
+
+    def load_context(self, attributes: Mapping[str, Any], blob: bytes) -> Kernel: ...
 
 
 def registry_claims(registry: KernelRegistry, info: NodeInfo) -> str | None:
