@@ -11,9 +11,26 @@ import torch, numpy, onnx
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu",
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 print("numpy", numpy.__version__, "onnx", onnx.__version__)
+raise SystemExit(0 if torch.cuda.is_available() else "no CUDA device visible to torch: nothing to check")
 PYEOF
+[ $? -eq 0 ] || exit 1
+# what the GPU machine lacks comes from .gpu_wheels/ (bash scripts/gpu_wheels.sh, carried along)
+missing=$("$PY" - <<'PYEOF'
+import importlib.util
+need = {"onnx_ir": "onnx-ir", "ml_dtypes": "ml_dtypes", "threadpoolctl": "threadpoolctl",
+        "rich": "rich", "markdown_it": "markdown-it-py", "mdurl": "mdurl",
+        "pygments": "pygments", "scipy": "scipy", "pytest": "pytest",
+        "iniconfig": "iniconfig", "pluggy": "pluggy", "packaging": "packaging",
+        "typing_extensions": "typing_extensions"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PYEOF
+)
+if [ -n "$missing" ]; then
+    echo "installing from .gpu_wheels: $missing"
+    "$PY" -m pip install -q --no-index --no-deps --find-links .gpu_wheels $missing || exit 1
+fi
 status=0
-ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -q -p no:cacheprovider -x \
+ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -q -p no:cacheprovider --maxfail=25 \
     -o addopts="" tests/test_cuda_gpu.py tests/test_bindings.py tests/test_placement.py \
     tests/providers/cuda -rs || status=$?
 ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 120 "$PY" tests/providers/cuda/conformance_torch.py \
