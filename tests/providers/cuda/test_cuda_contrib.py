@@ -28,7 +28,7 @@ def test_fused_conv(act, params, with_z):
     attrs = {"activation_params": params} if params else {}
     if act:
         attrs["activation"] = act
-    check_node("FusedConv", feeds, domain=MS, pads=[1, 1, 1, 1], rtol=1e-4, atol=1e-5,
+    assert check_node("FusedConv", feeds, domain=MS, pads=[1, 1, 1, 1], rtol=1e-4, atol=1e-5,
                **attrs)
 
 
@@ -41,7 +41,7 @@ def test_fused_conv(act, params, with_z):
     ("ParametricSoftplus", {"activation_alpha": 0.7, "activation_beta": 1.1}),
     ("Selu", {"activation_alpha": 1.6, "activation_gamma": 1.05})])
 def test_fused_gemm(act, attrs):
-    check_node("FusedGemm", {"a": rand((3, 4)), "b": rand((5, 4)), "c": rand((5,))},
+    assert check_node("FusedGemm", {"a": rand((3, 4)), "b": rand((5, 4)), "c": rand((5,))},
                domain=MS, activation=act, transB=1, alpha=0.9, **attrs)
 
 
@@ -52,20 +52,20 @@ def test_fused_gemm(act, attrs):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_fused_matmul(attrs, sa, sb, dtype):
     tol = 5e-3 if dtype == np.float16 else None
-    check_node("FusedMatMul", {"a": rand(sa, dtype), "b": rand(sb, dtype)}, domain=MS,
+    assert check_node("FusedMatMul", {"a": rand(sa, dtype), "b": rand(sb, dtype)}, domain=MS,
                rtol=tol, atol=tol, **attrs)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_gelus(dtype):
     x, bias = rand((2, 3, 8), dtype, -3, 3), rand((8,), dtype)
-    check_node("Gelu", {"x": x}, domain=MS)
-    check_node("BiasGelu", {"x": x, "b": bias}, domain=MS)
-    check_node("FastGelu", {"x": x}, domain=MS)
-    check_node("FastGelu", {"x": x, "b": bias}, domain=MS)
-    check_node("QuickGelu", {"x": x}, domain=MS, alpha=1.5)
-    check_node("BiasSplitGelu", {"x": x, "b": bias}, domain=MS)
-    check_node("BiasAdd", {"x": x, "b": bias, "s": rand((2, 3, 8), dtype)}, domain=MS)
+    assert check_node("Gelu", {"x": x}, domain=MS)
+    assert check_node("BiasGelu", {"x": x, "b": bias}, domain=MS)
+    assert check_node("FastGelu", {"x": x}, domain=MS)
+    assert check_node("FastGelu", {"x": x, "b": bias}, domain=MS)
+    assert check_node("QuickGelu", {"x": x}, domain=MS, alpha=1.5)
+    assert check_node("BiasSplitGelu", {"x": x, "b": bias}, domain=MS)
+    assert check_node("BiasAdd", {"x": x, "b": bias, "s": rand((2, 3, 8), dtype)}, domain=MS)
 
 
 @pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
@@ -82,11 +82,11 @@ def test_skip_layer_norm(op, skip_shape, with_bias, dtype):
     if with_bias:
         feeds["bias"] = rand((d,), dtype)
         names.append("bias")
-    check_node(op, feeds, domain=MS, input_names=names, n_outputs=4, epsilon=1e-5)
+    assert check_node(op, feeds, domain=MS, input_names=names, n_outputs=4, epsilon=1e-5)
 
 
 def test_simplified_layer_norm_ms_domain():
-    check_node("SimplifiedLayerNormalization", {"x": rand((2, 3, 8)), "s": rand((8,))},
+    assert check_node("SimplifiedLayerNormalization", {"x": rand((2, 3, 8)), "s": rand((8,))},
                domain=MS, n_outputs=2)
 
 
@@ -94,7 +94,7 @@ def test_simplified_layer_norm_ms_domain():
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_fused_matmul_bias(act, dtype):
     tol = 5e-3 if dtype == np.float16 else None
-    check_node("FusedMatMulBias", {"a": rand((2, 3, 4), dtype)}, domain="onnxkiln",
+    assert check_node("FusedMatMulBias", {"a": rand((2, 3, 4), dtype)}, domain="onnxkiln",
                initializers={"b": rand((4, 5), dtype), "c": rand((5,), dtype)},
                activation=act, rtol=tol, atol=tol)
 
@@ -124,13 +124,13 @@ def test_scaled_dot_product_attention(attrs, mask):
         feeds["m"] = m
     elif mask == "bool_bcast":
         feeds["m"] = R.random((s, t)) < 0.7
-    check_node("ScaledDotProductAttention", feeds, domain="onnxkiln", rtol=1e-5, atol=1e-6,
+    assert check_node("ScaledDotProductAttention", feeds, domain="onnxkiln", rtol=1e-5, atol=1e-6,
                **attrs)
 
 
 def test_scaled_dot_product_attention_broadcast_batch():
     q, k, v = rand((2, 3, 4, 8)), rand((1, 3, 5, 8)), rand((1, 3, 5, 8))
-    check_node("ScaledDotProductAttention", {"q": q, "k": k, "v": v}, domain="onnxkiln")
+    assert check_node("ScaledDotProductAttention", {"q": q, "k": k, "v": v}, domain="onnxkiln")
 
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -166,5 +166,5 @@ def test_matmul_nbits(bits, zp, const):
     if not const:
         feeds.update(weights)
         inits = {}
-    check_node("MatMulNBits", feeds, initializers=inits, input_names=names, domain=MS,
+    assert check_node("MatMulNBits", feeds, initializers=inits, input_names=names, domain=MS,
                K=k, N=n, bits=bits, block_size=block, rtol=1e-5, atol=1e-5)

@@ -42,23 +42,23 @@ def test_reduce(op, axes, keepdims, opset):
             inits["a"] = np.array(axes, I64)
         else:
             attrs["axes"] = list(axes)
-    check_node(op, {"x": x}, initializers=inits, opset=opset, **attrs)
+    assert check_node(op, {"x": x}, initializers=inits, opset=opset, **attrs)
 
 
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"])
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float16])
 def test_reduce_types(op, dtype):
-    check_node(op, {"x": rand((3, 4), dtype)}, initializers={"a": np.array([1], I64)},
+    assert check_node(op, {"x": rand((3, 4), dtype)}, initializers={"a": np.array([1], I64)},
                opset=18)
 
 
 def test_reduce_noop_and_empty():
     x = rand((2, 3))
-    check_node("ReduceSum", {"x": x}, initializers={"a": np.zeros(0, I64)},
+    assert check_node("ReduceSum", {"x": x}, initializers={"a": np.zeros(0, I64)},
                noop_with_empty_axes=1)
     e = rand((2, 0))
     for op in ("ReduceSum", "ReduceMax", "ReduceProd", "ReduceMin"):
-        check_node(op, {"x": e}, initializers={"a": np.array([1], I64)}, opset=18)
+        assert check_node(op, {"x": e}, initializers={"a": np.array([1], I64)}, opset=18)
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
@@ -66,8 +66,8 @@ def test_reduce_noop_and_empty():
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_arg(op, last, keepdims):
     x = np.array([[1, 3, 3, 0], [2, 2, 1, 1], [0, 5, 5, 0]], np.float32)
-    check_node(op, {"x": x}, axis=1, keepdims=keepdims, select_last_index=last)
-    check_node(op, {"x": x.astype(np.int32)}, axis=0, keepdims=keepdims,
+    assert check_node(op, {"x": x}, axis=1, keepdims=keepdims, select_last_index=last)
+    assert check_node(op, {"x": x.astype(np.int32)}, axis=0, keepdims=keepdims,
                select_last_index=last)
 
 
@@ -76,7 +76,7 @@ def test_arg(op, last, keepdims):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64])
 def test_matmul(shapes, dtype):
     tol = {np.dtype(np.float16): 5e-3, BF16: 5e-2}.get(np.dtype(dtype))
-    check_node("MatMul", {"a": rand(shapes[0], dtype), "b": rand(shapes[1], dtype)},
+    assert check_node("MatMul", {"a": rand(shapes[0], dtype), "b": rand(shapes[1], dtype)},
                rtol=tol, atol=tol)
 
 
@@ -88,11 +88,11 @@ def test_gemm(ta, tb, c_shape):
     feeds = {"a": a, "b": b}
     if c_shape is not None:
         feeds["c"] = rand(c_shape)
-    check_node("Gemm", feeds, transA=ta, transB=tb, alpha=0.7, beta=1.3)
+    assert check_node("Gemm", feeds, transA=ta, transB=tb, alpha=0.7, beta=1.3)
 
 
 def test_gemm_old_opset():
-    check_node("Gemm", {"a": rand((3, 4)), "b": rand((4, 5)), "c": rand((3, 5))}, opset=6)
+    assert check_node("Gemm", {"a": rand((3, 4)), "b": rand((4, 5)), "c": rand((3, 5))}, opset=6)
 
 
 CONVS = [
@@ -114,11 +114,11 @@ def test_conv(xs, ws, attrs, bias):
     feeds = {"x": rand(xs), "w": rand(ws)}
     if bias:
         feeds["b"] = rand((ws[0],))
-    check_node("Conv", feeds, rtol=1e-4, atol=1e-4, **attrs)
+    assert check_node("Conv", feeds, rtol=1e-4, atol=1e-4, **attrs)
 
 
 def test_conv_float16():
-    check_node("Conv", {"x": rand((1, 2, 5, 5), np.float16), "w": rand((3, 2, 3, 3),
+    assert check_node("Conv", {"x": rand((1, 2, 5, 5), np.float16), "w": rand((3, 2, 3, 3),
                                                                         np.float16)},
                rtol=1e-2, atol=1e-2)
 
@@ -141,7 +141,7 @@ def test_conv_transpose(xs, ws, attrs, bias):
     feeds = {"x": rand(xs), "w": rand(ws)}
     if bias:
         feeds["b"] = rand((ws[1] * attrs.get("group", 1),))
-    check_node("ConvTranspose", feeds, rtol=1e-4, atol=1e-4, **attrs)
+    assert check_node("ConvTranspose", feeds, rtol=1e-4, atol=1e-4, **attrs)
 
 
 POOLS = [
@@ -163,22 +163,22 @@ def test_pool(xs, attrs, op):
     if op == "AveragePool_incl":
         op = "AveragePool"
         attrs["count_include_pad"] = 1
-    check_node(op, {"x": rand(xs)}, opset=19, **attrs)
+    assert check_node(op, {"x": rand(xs)}, opset=19, **attrs)
 
 
 def test_global_pools_and_old_maxpool():
     x = rand((2, 3, 4, 5))
-    check_node("GlobalAveragePool", {"x": x})
-    check_node("GlobalMaxPool", {"x": x})
-    check_node("MaxPool", {"x": x}, opset=8, kernel_shape=[2, 2])
-    check_node("GlobalAveragePool", {"x": x.astype(np.float16)})
+    assert check_node("GlobalAveragePool", {"x": x})
+    assert check_node("GlobalMaxPool", {"x": x})
+    assert check_node("MaxPool", {"x": x}, opset=8, kernel_shape=[2, 2])
+    assert check_node("GlobalAveragePool", {"x": x.astype(np.float16)})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("opset", [9, 15])
 def test_batch_norm(dtype, opset):
     c = 3
-    check_node("BatchNormalization", {"x": rand((2, c, 4, 4), dtype)}, opset=opset,
+    assert check_node("BatchNormalization", {"x": rand((2, c, 4, 4), dtype)}, opset=opset,
                initializers={"s": rand((c,), dtype), "b": rand((c,), dtype),
                              "m": rand((c,), dtype), "v": rand((c,), dtype, 0.5, 2)},
                epsilon=1e-3)
@@ -186,10 +186,10 @@ def test_batch_norm(dtype, opset):
 
 def test_instance_and_group_norm():
     x = rand((2, 4, 3, 5))
-    check_node("InstanceNormalization", {"x": x, "s": rand((4,)), "b": rand((4,))})
-    check_node("GroupNormalization", {"x": x, "s": rand((2,)), "b": rand((2,))},
+    assert check_node("InstanceNormalization", {"x": x, "s": rand((4,)), "b": rand((4,))})
+    assert check_node("GroupNormalization", {"x": x, "s": rand((2,)), "b": rand((2,))},
                num_groups=2, opset=18)
-    check_node("GroupNormalization", {"x": x, "s": rand((4,)), "b": rand((4,))},
+    assert check_node("GroupNormalization", {"x": x, "s": rand((4,)), "b": rand((4,))},
                num_groups=2, opset=21)
 
 
@@ -198,15 +198,15 @@ def test_instance_and_group_norm():
 def test_layer_norm(axis, dtype):
     x = rand((2, 3, 4), dtype)
     shape = x.shape[axis:] if axis > 0 else x.shape[-1:]
-    check_node("LayerNormalization", {"x": x, "s": rand(shape, dtype), "b": rand(shape, dtype)},
-               n_outputs=3, axis=axis, opset=17)
+    feeds = {"x": x, "s": rand(shape, dtype), "b": rand(shape, dtype)}
+    assert check_node("LayerNormalization", feeds, n_outputs=3, axis=axis, opset=17)
 
 
 def test_layer_norm_pre17_and_rms():
     x = rand((2, 3, 4))
-    check_node("LayerNormalization", {"x": x, "s": rand((4,))}, opset=13, n_outputs=3)
-    check_node("SimplifiedLayerNormalization", {"x": x, "s": rand((4,))}, n_outputs=2)
-    check_node("RMSNormalization", {"x": x, "s": rand((3, 4))}, axis=1, opset=23)
+    assert check_node("LayerNormalization", {"x": x, "s": rand((4,))}, opset=13, n_outputs=3)
+    assert check_node("SimplifiedLayerNormalization", {"x": x, "s": rand((4,))}, n_outputs=2)
+    assert check_node("RMSNormalization", {"x": x, "s": rand((3, 4))}, axis=1, opset=23)
 
 
 LSTMS = [
@@ -245,7 +245,7 @@ def test_lstm(attrs, extras, lens):
         names += ["h0", "c0", "p"]
     while names and names[-1] == "":
         names.pop()
-    check_node("LSTM", feeds, input_names=names, n_outputs=3, hidden_size=h, rtol=1e-5,
+    assert check_node("LSTM", feeds, input_names=names, n_outputs=3, hidden_size=h, rtol=1e-5,
                atol=1e-5, **attrs)
 
 
@@ -291,24 +291,24 @@ def test_resize(attrs, scales, sizes, dtype):
     while names[-1] == "":
         names.pop()
     inits = {k: v for k, v in inits.items() if k in names}
-    check_node("Resize", {"x": x}, initializers=inits, input_names=names, opset=19,
+    assert check_node("Resize", {"x": x}, initializers=inits, input_names=names, opset=19,
                rtol=1e-5, atol=1e-5, **attrs)
 
 
 def test_resize_10_and_upsample():
     x = rand((1, 2, 3, 4))
-    check_node("Resize", {"x": x}, initializers={"s": np.array([1, 1, 2, 1.5], np.float32)},
+    assert check_node("Resize", {"x": x}, initializers={"s": np.array([1, 1, 2, 1.5], np.float32)},
                opset=10, mode="linear")
-    check_node("Upsample", {"x": x}, initializers={"s": np.array([1, 1, 2, 2], np.float32)},
+    assert check_node("Upsample", {"x": x}, initializers={"s": np.array([1, 1, 2, 2], np.float32)},
                opset=9)
-    check_node("Upsample", {"x": x}, opset=7, scales=[1.0, 1.0, 2.0, 3.0])
+    assert check_node("Upsample", {"x": x}, opset=7, scales=[1.0, 1.0, 2.0, 3.0])
 
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
 def test_reduce_bool(op):
     x = np.array([[True, False], [False, False]])
-    check_node(op, {"x": x}, initializers={"a": np.array([1], I64)}, opset=20)
-    check_node(op, {"x": np.zeros((2, 0), bool)}, initializers={"a": np.array([1], I64)},
+    assert check_node(op, {"x": x}, initializers={"a": np.array([1], I64)}, opset=20)
+    assert check_node(op, {"x": np.zeros((2, 0), bool)}, initializers={"a": np.array([1], I64)},
                opset=20)
 
 
@@ -339,5 +339,5 @@ def test_rnn_gru(op, attrs, extras, lens):
     names += ["b" if extras else "", "sl" if lens else "", "h0" if extras else ""]
     while names[-1] == "":
         names.pop()
-    check_node(op, feeds, input_names=names, n_outputs=2, hidden_size=h, rtol=1e-5,
+    assert check_node(op, feeds, input_names=names, n_outputs=2, hidden_size=h, rtol=1e-5,
                atol=1e-5, **attrs)
