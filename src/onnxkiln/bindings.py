@@ -9,18 +9,20 @@ Concat(`past_k`, new) along the sequence axis becomes a write of the new positio
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from onnxkiln.dtypes import DataType
-from onnxkiln.errors import DeviceBindingError
+from onnxkiln.dtypes import DataType, from_numpy
+from onnxkiln.errors import DeviceBindingError, InputNotFoundError, SessionError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan
+from onnxkiln.types import IoMeta
+from onnxkiln.validation import closest_name
 
-__all__ = ["BindingPlans", "DeviceIoBinding", "TransferStats", "append_kernel"]
+__all__ = ["BindingPlans", "DeviceIoBinding", "SessionBindings", "TransferStats", "append_kernel"]
 
 
 @dataclass(frozen=True)
@@ -245,3 +247,106 @@ class BindingPlans:
         plan = dataclasses.replace(self._plan, steps=steps)
         keep = frozenset(self._out_slot[b.output_name] for b in bindings if b.output_name)
         return CompiledPlan(self._finish(plan, keep), self._inplace), frozenset(appended)
+
+
+class SessionBindings:
+    """One session's side of device bindings: allocation and its checks, the checks before
+    a bound run, and writing bound outputs back into their buffers after it."""
+
+    def __init__(self, provider: Any, inputs: Sequence[IoMeta], outputs: Sequence[IoMeta],
+                 plans: BindingPlans) -> None:
+        self.provider = provider
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self.plans = plans
+
+    def allocate(self, input_name: str | None, output_name: str | None, dtype: Any,
+                 physical: Sequence[int], logical: Sequence[int]) -> DeviceIoBinding:
+        """A binding after checking the names and that `dtype` is what the model declares."""
+        wanted = _data_type(dtype)
+        if input_name is not None:
+            _check_dtype(_named(self._inputs, input_name, "input"), wanted)
+        if output_name is not None:
+            _check_dtype(_named(self._outputs, output_name, "output"), wanted)
+        try:
+            return DeviceIoBinding(self, self.provider, input_name, output_name, wanted,
+                                   physical, logical)
+        except (MemoryError, RuntimeError) as e:
+            if isinstance(e, SessionError):
+                raise
+            raise DeviceBindingError(f"cannot allocate a {wanted} binding of shape "
+                                     f"{tuple(physical)}: {e}") from e
+
+    def _binding_released(self, binding: DeviceIoBinding) -> None:
+        self.plans.forget(binding)
+
+    def check(self, given: Iterable[str], bindings: Any) -> list[DeviceIoBinding]:
+        """The bindings of one run, refused when foreign, released, duplicated, or also
+        given as plain inputs (`given`: the names in the run's inputs)."""
+        if isinstance(bindings, DeviceIoBinding) or not isinstance(bindings, Sequence):
+            raise DeviceBindingError(f"bindings must be a list of DeviceIoBinding, got "
+                                     f"{type(bindings).__name__}")
+        given = set(given)
+        seen_in: set[str] = set()
+        seen_out: set[str] = set()
+        for b in bindings:
+            if not isinstance(b, DeviceIoBinding):
+                raise DeviceBindingError(f"bindings must hold DeviceIoBinding, got {b!r}")
+            if b._owner is not self:
+                raise DeviceBindingError(f"{b!r} belongs to another session; bindings live on "
+                                         "the device of the session that allocated them")
+            b._check_live()
+            if b.input_name in seen_in or b.output_name in seen_out:
+                raise DeviceBindingError(
+                    f"{b!r}: '{b.input_name or b.output_name}' is bound twice")
+            if b.input_name in given:
+                raise DeviceBindingError(
+                    f"input '{b.input_name}' is both given in inputs and bound by {b!r}")
+            if b.input_name:
+                seen_in.add(b.input_name)
+            if b.output_name:
+                seen_out.add(b.output_name)
+        return list(bindings)
+
+    def write_back(self, outputs: list[Any], bindings: Sequence[DeviceIoBinding],
+                   appended: frozenset[str]) -> None:
+        """Store each bound output in its binding (appended ones are there already), set
+        its logical shape, and leave None in its place in `outputs`."""
+        bound = {b.output_name: b for b in bindings if b.output_name}
+        for i, meta in enumerate(self._outputs):
+            b = bound.get(meta.name)
+            if b is None:
+                continue
+            value, outputs[i] = outputs[i], None
+            shape = tuple(value.shape)
+            if meta.name not in appended:
+                if len(shape) != len(b.physical_shape) or any(
+                        n > p for n, p in zip(shape, b.physical_shape)):
+                    raise DeviceBindingError(
+                        f"output '{meta.name}' has shape {shape}, which exceeds the capacity "
+                        f"{b.physical_shape} of its binding; allocate a larger one")
+                store(b.tensor, tuple(slice(0, n) for n in shape), self.provider.to_device(value))
+            b._logical = shape
+
+
+def _data_type(dtype: Any) -> DataType:
+    try:
+        return DataType(dtype) if not hasattr(dtype, "kind") else from_numpy(dtype)
+    except (ValueError, KeyError, TypeError):
+        raise DeviceBindingError(f"binding dtype must be a DataType, got {dtype!r}") from None
+
+
+def _check_dtype(meta: IoMeta, wanted: DataType) -> None:
+    if meta.dtype != DataType.UNDEFINED and wanted != meta.dtype:
+        raise DeviceBindingError(f"binding for '{meta.name}' has dtype {wanted}, but the model "
+                                 f"declares {meta.dtype} ({meta})")
+
+
+def _named(metas: Sequence[IoMeta], name: str, kind: str) -> IoMeta:
+    for meta in metas:
+        if meta.name == name:
+            return meta
+    names = [m.name for m in metas]
+    close = closest_name(name, names)
+    hint = f"; did you mean '{close}'?" if close else ""
+    raise InputNotFoundError(f"unknown {kind} '{name}'; the model's {kind}s are {names}{hint}")

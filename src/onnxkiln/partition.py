@@ -9,6 +9,7 @@ inserted only where a value crosses between host and device, once per value and 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -20,11 +21,24 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxkiln.errors import ExecutionProviderUnavailableError, InvalidOptionError
-from onnxkiln.plan import Plan, Step, lifetimes
-from onnxkiln.providers.base import ExecutionProvider, KernelRegistry, KernelSpec, NodeInfo
+from onnxkiln.plan import Plan, Step, build_plan, lifetimes
+from onnxkiln.providers.base import (
+    ControlFlowCounter,
+    ExecutionProvider,
+    KernelRegistry,
+    KernelSpec,
+    NodeInfo,
+)
 from onnxkiln.types import DeviceId, ExecutionProviderFallbackReport, ProviderDecline
 
-__all__ = ["Placement", "Placer", "insert_copies", "select_providers", "with_context_providers"]
+__all__ = [
+    "Placement",
+    "Placer",
+    "insert_copies",
+    "place",
+    "select_providers",
+    "with_context_providers",
+]
 
 logger = logging.getLogger(__name__)
 KNOWN_PROVIDERS = ("cpu", "cuda", "fuse")
@@ -219,16 +233,36 @@ class Placer:
         self.declines.append(ProviderDecline(node_id, info.name, info.domain, info.op_type,
                                              reason))
 
-    def report(self, plan: Plan) -> ExecutionProviderFallbackReport | None:
-        """The placement report (SPEC §6), or None when the requested provider ran it all."""
-        p = self.placement
-        if p.fallback_reason is not None:
-            return ExecutionProviderFallbackReport(p.requested, "cpu", True, p.fallback_reason,
-                                                   [], _assigned(plan))
-        if not self.declines:
-            return None
-        return ExecutionProviderFallbackReport(p.requested, "cpu", False, None,
-                                               list(self.declines), _assigned(plan))
+
+
+def place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
+          ) -> tuple[Plan, ExecutionProviderFallbackReport | None]:
+    """Plan `model` on the placement's providers; the plan has no copies yet (see
+    insert_copies). Returns it with the fallback report (SPEC §6), None when the requested
+    provider runs everything. A strict placement (no "cpu") refuses any decline."""
+    placer = Placer(placement) if placement.on_device else None
+    with contextlib.ExitStack() as scopes:
+        for p in placement.providers:
+            if hasattr(p, "planning"):
+                scopes.enter_context(p.planning())
+        plan = build_plan(model, placement.registries, counter, placer)
+    declines = placer.declines if placer is not None else []
+    if placement.strict and declines:
+        lines = [f"'{d.node_name}' {d.domain or 'ai.onnx'}::{d.op_type}: {d.reason}"
+                 for d in declines]
+        raise ExecutionProviderUnavailableError(
+            f"provider 'cuda' was requested without 'cpu', but {len(lines)} node(s) cannot run "
+            "on it:\n  " + "\n  ".join(lines) + "\nAdd 'cpu' to the providers list to let "
+            "them fall back.")
+    if placement.fallback_reason is not None:
+        return plan, ExecutionProviderFallbackReport(
+            placement.requested, "cpu", True, placement.fallback_reason, [], _assigned(plan))
+    if not declines:
+        return plan, None
+    report = ExecutionProviderFallbackReport(placement.requested, "cpu", False, None,
+                                             list(declines), _assigned(plan))
+    logger.warning("%s", report)
+    return plan, report
 
 
 def _container_outputs(info: NodeInfo) -> bool:

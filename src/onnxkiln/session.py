@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -15,13 +14,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxkiln import ep_context, loader, optimizer, sizes
-from onnxkiln.bindings import BindingPlans, DeviceIoBinding, store
-from onnxkiln.dtypes import DataType, from_numpy
+from onnxkiln import ep_context, loader, optimizer, sizes, warmup
+from onnxkiln.bindings import BindingPlans, DeviceIoBinding, SessionBindings
+from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
-    DeviceBindingError,
-    ExecutionProviderUnavailableError,
-    InputNotFoundError,
     InvalidInputError,
     InvalidOptionError,
     ModelLoadError,
@@ -34,12 +30,12 @@ from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
 from onnxkiln.partition import (
     KNOWN_PROVIDERS,
     Placement,
-    Placer,
     insert_copies,
+    place,
     select_providers,
     with_context_providers,
 )
-from onnxkiln.plan import Plan, build_plan
+from onnxkiln.plan import Plan
 from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.specialize import Specialization, SpecializationCache
 from onnxkiln.threads import default_threads, thread_limit
@@ -56,7 +52,7 @@ from onnxkiln.types import (
     SessionOutput,
     WarmupShape,
 )
-from onnxkiln.validation import InputValidator, closest_name
+from onnxkiln.validation import InputValidator
 
 __all__ = ["InferenceSession", "SessionBuilder"]
 
@@ -210,7 +206,7 @@ class InferenceSession:
         self._optimization = config._optimization
         self._threads = config._threads if config._threads is not None else default_threads()
         self._control_flow = ControlFlowCounter()
-        self._raw_plan, self._fallback = _place(model, placement, self._control_flow)
+        self._raw_plan, self._fallback = place(model, placement, self._control_flow)
         self._plan = self._with_copies(self._raw_plan)
         self._compiled = CompiledPlan(  # memory.inplace unset: ONNXKILN_INPLACE, else on
             self._plan, inplace={"0": False, "1": True}.get(self._options.get("memory.inplace")))
@@ -232,13 +228,12 @@ class InferenceSession:
         self._peaks = PeakPlanner(model, self._memory_plan)
         self._last_reuses: int | None = None
         self._shape_oracle: ShapeOracle | None = None
-        self._device_provider = next((p for p in placement.providers if not p.on_host),
-                                     placement.providers[0])
-        self._binding_plans = BindingPlans(
-            self._raw_plan, model.graph, self._with_copies,
-            [m.name for m in self._inputs], [m.name for m in self._outputs],
-            self._compiled.inplace)
-        self._bindings: list[DeviceIoBinding] = []
+        plans = BindingPlans(self._raw_plan, model.graph, self._with_copies,
+                             [m.name for m in self._inputs], [m.name for m in self._outputs],
+                             self._compiled.inplace)
+        self._bindings = SessionBindings(next((p for p in placement.providers if not p.on_host),
+                                              placement.providers[0]),
+                                         self._inputs, self._outputs, plans)
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
         self._last_peak: int | None = None
 
@@ -362,29 +357,8 @@ class InferenceSession:
         declared shape, symbolic dims bound from the named inputs. Each set runs once,
         untraced, on zeros, so shape-keyed kernel state is built too.
         """
-        for group in _shape_sets(shapes):
-            self._run(self._warmup_feeds(group), trace=False)
-
-    def _warmup_feeds(self, group: Sequence[WarmupShape]) -> dict[str, np.ndarray]:
-        metas = {m.name: m for m in self._inputs}
-        sizes: dict[str, int] = {}
-        feeds: dict[str, np.ndarray] = {}
-        for ws in group:
-            meta = metas.get(ws.input_name)
-            if meta is None:
-                raise InputNotFoundError(
-                    f"warmup names unknown input '{ws.input_name}'; the model's inputs are "
-                    f"{[m.name for m in self._inputs]}"
-                )
-            shape = _warmup_shape(ws)
-            for dim, size in zip(meta.shape or (), shape):
-                if isinstance(dim, str):
-                    sizes.setdefault(dim, size)
-            feeds[ws.input_name] = _zeros(shape, _warmup_dtype(ws, meta))
-        for meta in self._inputs:
-            if meta.name not in feeds and not meta.optional:
-                feeds[meta.name] = _zeros(_declared_shape(meta, sizes), meta.dtype)
-        return feeds
+        for group in warmup.shape_sets(shapes):
+            self._run(warmup.feeds(self._inputs, group), trace=False)
 
     def set_trace_context(self, ctx: TraceContext) -> None:
         """Trace later runs into `ctx`; TraceContext.disabled() turns tracing off."""
@@ -424,122 +398,41 @@ class InferenceSession:
             >>> kv = s.allocate_device_binding("past_key_0", "present_key_0",
             ...                                ok.DataType.FLOAT, (1, 12, 1024, 64), (1, 12, 0, 64))
         """
-        meta = self._io_named(self._inputs, input_name, "input")
-        self._binding_dtype(meta, dtype)
-        if output_name is not None:
-            self._binding_dtype(self._io_named(self._outputs, output_name, "output"), dtype)
-        return self._new_binding(input_name, output_name, dtype, physical_shape, logical_shape)
+        return self._bindings.allocate(input_name, output_name, dtype, physical_shape,
+                                       logical_shape)
 
     def allocate_device_output_binding(self, output_name: str, dtype: DataType,
                                        physical_shape: Sequence[int],
                                        logical_shape: Sequence[int]) -> DeviceIoBinding:
         """A persistent device buffer an output is written into (run returns None for it)."""
-        self._binding_dtype(self._io_named(self._outputs, output_name, "output"), dtype)
-        return self._new_binding(None, output_name, dtype, physical_shape, logical_shape)
+        return self._bindings.allocate(None, output_name, dtype, physical_shape, logical_shape)
 
     def run_with_device_bindings(self, inputs: Any, bindings: Sequence[DeviceIoBinding]
                                  ) -> list[np.ndarray | None]:
         """Run with some inputs and outputs in device bindings. Bound outputs come back as
         None (their values are in the bindings, logical shapes updated); the rest as in
         `run`. A KV output Concat(past, new) on its past's binding writes only `new`."""
-        bindings = self._check_bindings(inputs, bindings)
-        feeds = dict(self._validator._normalise(inputs))
+        feeds = self._validator._normalise(inputs)
+        bindings = self._bindings.check(feeds, bindings)
         feeds.update((b.input_name, b.view()) for b in bindings if b.input_name)
         values, signature = self._validator.bind(feeds)
         self._cache.get(signature)
-        compiled, appended = self._binding_plans.get(bindings)
+        compiled, appended = self._bindings.plans.get(bindings)
         with thread_limit(self._threads):
             if self._trace.enabled:
                 with self._trace.run_span("model_run", graph=self._model.graph.name or "main"):
                     outputs = compiled.hooked(values, compiled.tracer(self._trace))
             else:
                 outputs = compiled(values)
-        bound = {b.output_name: b for b in bindings if b.output_name}
-        for i, meta in enumerate(self._outputs):
-            b = bound.get(meta.name)
-            if b is None:
-                if isinstance(outputs[i], np.ndarray) and self._copy_outputs[i]:
-                    outputs[i] = outputs[i].copy()
-                continue
-            value, outputs[i] = outputs[i], None
-            shape = tuple(value.shape)
-            if meta.name not in appended:
-                if len(shape) != len(b.physical_shape) or any(
-                        n > p for n, p in zip(shape, b.physical_shape)):
-                    raise DeviceBindingError(
-                        f"output '{meta.name}' has shape {shape}, which exceeds the capacity "
-                        f"{b.physical_shape} of its binding; allocate a larger one")
-                store(b.tensor, tuple(slice(0, n) for n in shape),
-                      b._provider.to_device(value))
-            b._logical = shape
+        self._bindings.write_back(outputs, bindings, appended)
+        for i, value in enumerate(outputs):
+            if isinstance(value, np.ndarray) and self._copy_outputs[i]:
+                outputs[i] = value.copy()
         return outputs
 
     def device_allocation_counts(self) -> DeviceAllocationCounts | None:
         """Device allocator activity (CUDA: torch's allocator statistics); None on the CPU."""
-        return self._device_provider.allocation_counts()
-
-    def _io_named(self, metas: list[IoMeta], name: str, kind: str) -> IoMeta:
-        for meta in metas:
-            if meta.name == name:
-                return meta
-        names = [m.name for m in metas]
-        close = closest_name(name, names)
-        hint = f"; did you mean '{close}'?" if close else ""
-        raise InputNotFoundError(f"unknown {kind} '{name}'; the model's {kind}s are {names}{hint}")
-
-    def _binding_dtype(self, meta: IoMeta, dtype: Any) -> None:
-        try:
-            wanted = DataType(dtype) if not hasattr(dtype, "kind") else from_numpy(dtype)
-        except (ValueError, KeyError, TypeError):
-            raise DeviceBindingError(f"binding dtype must be a DataType, got {dtype!r}") from None
-        if meta.dtype != DataType.UNDEFINED and wanted != meta.dtype:
-            raise DeviceBindingError(
-                f"binding for '{meta.name}' has dtype {wanted}, but the model declares "
-                f"{meta.dtype} ({meta})")
-
-    def _new_binding(self, input_name, output_name, dtype, physical, logical) -> DeviceIoBinding:
-        dtype = DataType(dtype) if not hasattr(dtype, "kind") else from_numpy(dtype)
-        try:
-            b = DeviceIoBinding(self, self._device_provider, input_name, output_name, dtype,
-                                physical, logical)
-        except (MemoryError, RuntimeError) as e:
-            if isinstance(e, SessionError):
-                raise
-            raise DeviceBindingError(f"cannot allocate a {dtype} binding of shape "
-                                     f"{tuple(physical)}: {e}") from e
-        self._bindings.append(b)
-        return b
-
-    def _binding_released(self, binding: DeviceIoBinding) -> None:
-        self._binding_plans.forget(binding)
-        if binding in self._bindings:
-            self._bindings.remove(binding)
-
-    def _check_bindings(self, inputs: Any, bindings: Any) -> list[DeviceIoBinding]:
-        if isinstance(bindings, DeviceIoBinding) or not isinstance(bindings, Sequence):
-            raise DeviceBindingError(f"bindings must be a list of DeviceIoBinding, got "
-                                     f"{type(bindings).__name__}")
-        given = set(self._validator._normalise(inputs))
-        seen_in: set[str] = set()
-        seen_out: set[str] = set()
-        for b in bindings:
-            if not isinstance(b, DeviceIoBinding):
-                raise DeviceBindingError(f"bindings must hold DeviceIoBinding, got {b!r}")
-            if b._owner is not self:
-                raise DeviceBindingError(f"{b!r} belongs to another session; bindings live on "
-                                         "the device of the session that allocated them")
-            b._check_live()
-            if b.input_name in seen_in or b.output_name in seen_out:
-                raise DeviceBindingError(
-                    f"{b!r}: '{b.input_name or b.output_name}' is bound twice")
-            if b.input_name in given:
-                raise DeviceBindingError(
-                    f"input '{b.input_name}' is both given in inputs and bound by {b!r}")
-            if b.input_name:
-                seen_in.add(b.input_name)
-            if b.output_name:
-                seen_out.add(b.output_name)
-        return list(bindings)
+        return self._bindings.provider.allocation_counts()
 
     # metadata ---------------------------------------------------------------
     def inputs(self) -> list[IoMeta]:
@@ -621,60 +514,6 @@ def _check_trace(ctx: Any) -> TraceContext:
     return ctx
 
 
-def _shape_sets(shapes: Sequence[WarmupShape]) -> list[list[WarmupShape]]:
-    """Split a WarmupShape list into shape sets: a repeated input name starts a new one."""
-    sets: list[list[WarmupShape]] = []
-    current: dict[str, WarmupShape] = {}
-    for ws in shapes:
-        if not isinstance(ws, WarmupShape):
-            raise InvalidInputError(f"warmup takes WarmupShape items, got {ws!r}")
-        if ws.input_name in current:
-            sets.append(list(current.values()))
-            current = {}
-        current[ws.input_name] = ws
-    if current:
-        sets.append(list(current.values()))
-    return sets
-
-
-def _warmup_shape(ws: WarmupShape) -> tuple[int, ...]:
-    shape = tuple(ws.shape)
-    if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
-        raise InvalidInputError(
-            f"warmup shape for '{ws.input_name}' must hold sizes >= 0, got {ws.shape!r}")
-    return tuple(int(d) for d in shape)
-
-
-def _warmup_dtype(ws: WarmupShape, meta: IoMeta) -> DataType:
-    if ws.dtype is None:
-        return meta.dtype
-    if isinstance(ws.dtype, int):
-        return DataType(ws.dtype)
-    return from_numpy(ws.dtype)
-
-
-def _declared_shape(meta: IoMeta, sizes: dict[str, int]) -> tuple[int, ...]:
-    if meta.shape is None or meta.kind != "tensor" or meta.dtype == DataType.UNDEFINED:
-        raise InvalidInputError(
-            f"warmup needs a WarmupShape for input '{meta.name}' ({meta}): its type is unknown")
-    dims = []
-    for axis, dim in enumerate(meta.shape or ()):
-        size = dim if isinstance(dim, int) else sizes.get(dim) if isinstance(dim, str) else None
-        if size is None:
-            raise InvalidInputError(
-                f"warmup cannot size input '{meta.name}' ({meta}): dim {dim!r} at axis {axis} "
-                f"is not bound by the other warmup shapes; add WarmupShape('{meta.name}', ...)")
-        dims.append(size)
-    return tuple(dims)
-
-
-def _zeros(shape: tuple[int, ...], dtype: DataType) -> np.ndarray:
-    np_dtype = DataType(dtype).numpy
-    if np_dtype.kind == "O":
-        return np.full(shape, "", dtype=object)
-    return np.zeros(shape, dtype=np_dtype)
-
-
 def _kind(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return "tensor"
@@ -717,33 +556,3 @@ def _optimize(model: ir.Model, level: str, placement: Placement, save_path: str 
             raise InvalidOptionError(
                 f"optimized_model_path: cannot write '{save_path}': {e}") from e
     return model
-
-
-def _place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
-           ) -> tuple[Plan, ExecutionProviderFallbackReport | None]:
-    """Plan the graph on the session's providers, with copies at device boundaries."""
-    if not placement.on_device:
-        plan = build_plan(model, placement.registries, counter)
-        report = None
-        if placement.fallback_reason is not None:
-            report = ExecutionProviderFallbackReport(
-                placement.requested, "cpu", True, placement.fallback_reason, [],
-                {"cpu": sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in model.graph})})
-        return plan, report
-    placer = Placer(placement)
-    with contextlib.ExitStack() as scopes:
-        for p in placement.providers:
-            if hasattr(p, "planning"):
-                scopes.enter_context(p.planning())
-        plan = build_plan(model, placement.registries, counter, placer)
-    if placement.strict and placer.declines:
-        lines = [f"'{d.node_name}' {d.domain or 'ai.onnx'}::{d.op_type}: {d.reason}"
-                 for d in placer.declines]
-        raise ExecutionProviderUnavailableError(
-            f"provider 'cuda' was requested without 'cpu', but {len(lines)} node(s) cannot run "
-            "on it:\n  " + "\n  ".join(lines) + "\nAdd 'cpu' to the providers list to let "
-            "them fall back.")
-    report = placer.report(plan)
-    if report is not None:
-        logger.warning("%s", report)
-    return plan, report
