@@ -50,7 +50,7 @@ def _session(model, providers):
 
 def build(path: Path, level: str, backend: str | None, dump: Path | None = None):
     """(session, partitions, seconds to build) from a model file, fuse when backend given."""
-    from onnxkiln import ep_context, loader, optimizer
+    from onnxkiln import ep_context, ep_context_load, loader, optimizer
     from onnxkiln.providers.cpu.provider import CpuProvider
     from onnxkiln.providers.fuse import FuseProvider
 
@@ -61,20 +61,20 @@ def build(path: Path, level: str, backend: str | None, dump: Path | None = None)
     if backend is not None:
         fuse = FuseProvider(backend)
         cfg = ep_context.EpContextDumpConfig(dump is not None, dump, 1, "")
-        model, parts = ep_context.apply_fuse(model, fuse, cfg, path)
+        model, parts = ep_context_load.apply_fuse(model, fuse, cfg, path)
         providers.insert(0, fuse)
     session = _session(model, providers)
     return session, parts, time.perf_counter() - start
 
 
 def build_from_context(path: Path, backend: str):
-    from onnxkiln import ep_context, loader
+    from onnxkiln import ep_context_load, loader
     from onnxkiln.providers.cpu.provider import CpuProvider
     from onnxkiln.providers.fuse import FuseProvider
 
     start = time.perf_counter()
     fuse = FuseProvider(backend)
-    model = ep_context.load_with_contexts(loader.load_path(path), path.parent, [fuse])
+    model = ep_context_load.load_with_contexts(loader.load_path(path), path.parent, [fuse])
     session = _session(model, [fuse, CpuProvider()])
     return session, time.perf_counter() - start
 

@@ -126,7 +126,7 @@ def select_providers(device: str, providers: Sequence[str] | None,
 def with_context_providers(placement: Placement) -> Placement:
     """The placement plus the host providers that run loaded EPContext partitions (the fuse
     provider's FusedPartition, other compilers' LoadedPartition), before the CPU provider."""
-    from onnxkiln.ep_context import ContextProvider
+    from onnxkiln.ep_context_load import ContextProvider
     from onnxkiln.providers.fuse import FuseProvider
 
     have = {p.name for p in placement.providers}

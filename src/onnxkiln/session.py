@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxkiln import ep_context, loader, optimizer, sizes, warmup
+from onnxkiln import ep_context, ep_context_load, loader, optimizer, sizes, warmup
 from onnxkiln.bindings import BindingPlans, DeviceIoBinding, SessionBindings
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
@@ -190,17 +190,17 @@ class InferenceSession:
                  model_dir: str | os.PathLike | None = None) -> None:
         self._options = dict(config._options)
         self._ep_config = ep_context.ep_context_config(self._options, model_path)
-        if ep_context.has_ep_context(model):  # a dumped context model: load its partitions
+        if ep_context_load.has_ep_context(model):  # a dumped context model: load its partitions
             placement = with_context_providers(placement)
             folder = Path(model_path).resolve().parent if model_path is not None else model_dir
-            model = ep_context.load_with_contexts(model, folder, placement.providers)
+            model = ep_context_load.load_with_contexts(model, folder, placement.providers)
         model = _optimize(model, config._optimization, placement,
                           self._options.get("optimized_model_path"))
         self._ep_partitions: list[ep_context.CompiledPartition] = []
         compiler = next((p for p in placement.providers if hasattr(p, "compile")), None)
         if compiler is not None:
-            model, self._ep_partitions = ep_context.apply_fuse(model, compiler, self._ep_config,
-                                                               model_path)
+            model, self._ep_partitions = ep_context_load.apply_fuse(
+                model, compiler, self._ep_config, model_path)
         self._model = model
         self._placement = placement
         self._optimization = config._optimization

@@ -18,6 +18,7 @@ __all__ = [
     "CompilingProvider",
     "ControlFlowCounter",
     "ExecutionProvider",
+    "HostProvider",
     "KernelRegistry",
     "KernelSpec",
     "NodeInfo",
@@ -292,6 +293,50 @@ class CompilingProvider(ExecutionProvider, Protocol):
     def context_source_keys(self) -> list[str]: ...
 
     def load_context(self, attributes: Mapping[str, Any], blob: bytes) -> Kernel: ...
+
+
+class HostProvider:
+    """What every host-memory provider shares (CPU, fuse, loaded EPContext partitions):
+    values are numpy arrays, copies are no-ops, kernels finish before they return. A
+    subclass sets `name` and `registry`; `claims` asks that registry."""
+
+    name = "cpu"
+    on_host = True
+    registry: KernelRegistry
+
+    @property
+    def device(self) -> Any:
+        """The host CPU."""
+        from onnxkiln.types import DeviceId, DeviceType
+
+        return DeviceId(DeviceType.CPU)
+
+    def claims(self, info: NodeInfo) -> str | None:
+        """None when this provider's registry has a kernel for the node, else why not."""
+        return registry_claims(self.registry, info)
+
+    def to_device(self, value: Any) -> Any:
+        """Host arrays stay as they are; other arrays (dlpack, torch) come to the host."""
+        if value is None or isinstance(value, np.ndarray | list | dict):
+            return value
+        if hasattr(value, "__dlpack__") and not hasattr(value, "__array__"):
+            return np.from_dlpack(value)
+        return np.asarray(value)
+
+    def to_host(self, value: Any) -> Any:
+        """Already on the host."""
+        return value
+
+    def synchronize(self) -> None:
+        """Host kernels finish before they return."""
+
+    def empty(self, dtype: DataType, shape: Sequence[int]) -> np.ndarray:
+        """A zeroed host buffer."""
+        return np.zeros(tuple(shape), DataType(dtype).numpy)
+
+    def allocation_counts(self) -> None:
+        """Host allocations are not counted (numpy uses malloc)."""
+        return None
 
 
 def registry_claims(registry: KernelRegistry, info: NodeInfo) -> str | None:

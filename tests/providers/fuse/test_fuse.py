@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxkiln import InferenceSession, ep_context, loader
+from onnxkiln import InferenceSession, ep_context, ep_context_load, loader
 from onnxkiln import session as session_module
 from onnxkiln.partition import Placement
 from onnxkiln.providers.cpu.provider import CpuProvider
@@ -50,7 +50,7 @@ def _fused(proto, backend, monkeypatch):
     """(fused session, unfused session, partitions, the fuse provider)."""
     plain = InferenceSession.builder().optimization("disabled").from_graph(proto)
     fuse = FuseProvider(backend)
-    model, parts = ep_context.apply_fuse(loader.from_graph(proto), fuse,
+    model, parts = ep_context_load.apply_fuse(loader.from_graph(proto), fuse,
                                          ep_context.EpContextDumpConfig())
     placement = Placement((fuse, CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
     monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
@@ -278,7 +278,7 @@ def test_bad_blob_is_refused():
 def test_rewritten_model_runs_from_its_serialized_form(monkeypatch):
     """A FusedPartition node carries its context: a saved rewritten model runs again."""
     fuse = FuseProvider("numpy")
-    model, _ = ep_context.apply_fuse(loader.from_graph(_gelu_ln_model()), fuse,
+    model, _ = ep_context_load.apply_fuse(loader.from_graph(_gelu_ln_model()), fuse,
                                      ep_context.EpContextDumpConfig())
     proto = loader.ir.serde.serialize_model(model)
     for node in proto.graph.node:  # as in another process: no kernel to find by token

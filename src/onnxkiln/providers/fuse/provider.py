@@ -9,18 +9,16 @@ rewritten into; the rest of the graph runs on the next provider (cpu).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
-from onnxkiln.dtypes import DataType
-from onnxkiln.ep_context import CompiledPartition, loaded_kernel
-from onnxkiln.providers.base import KernelRegistry, NodeInfo, registry_claims
+from onnxkiln.ep_context import CompiledPartition
+from onnxkiln.ep_context_load import loaded_kernel
+from onnxkiln.providers.base import HostProvider, KernelRegistry, NodeInfo
 from onnxkiln.providers.fuse import codegen
 from onnxkiln.providers.fuse.analysis import Graphview, build_program, find_partitions
-from onnxkiln.types import DeviceId, DeviceType
 
 __all__ = ["DOMAIN", "KERNEL_META", "OP_TYPE", "REGISTRY", "SOURCE_KEY", "FuseProvider"]
 
@@ -45,16 +43,14 @@ def fused_partition(info: NodeInfo) -> Any:
     return kernel
 
 
-class FuseProvider:
+class FuseProvider(HostProvider):
     """Host provider that compiles elementwise partitions (numba loops, else numpy code).
 
     `backend`: "numba", "numpy", or None (numba when installed, else numpy).
     """
 
     name = "fuse"
-    on_host = True
     registry = REGISTRY
-    device = DeviceId(DeviceType.CPU)
     context_op = (DOMAIN, OP_TYPE)
     kernel_meta = KERNEL_META
 
@@ -99,27 +95,3 @@ class FuseProvider:
     def make_kernel(self, partition: CompiledPartition) -> codegen.FusedKernel:
         """The kernel of a partition compiled in this process."""
         return codegen.FusedKernel(partition.payload, use_numba=self.backend == "numba")
-
-    # host-provider protocol ---------------------------------------------------------------
-    def claims(self, info: NodeInfo) -> str | None:
-        """None for FusedPartition nodes; every other op is left to the next provider."""
-        return registry_claims(self.registry, info)
-
-    def to_device(self, value: Any) -> Any:
-        """Host memory: values stay as they are."""
-        return value
-
-    def to_host(self, value: Any) -> Any:
-        """Already on the host."""
-        return value
-
-    def synchronize(self) -> None:
-        """Kernels finish before they return."""
-
-    def empty(self, dtype: DataType, shape: Sequence[int]) -> np.ndarray:
-        """A zeroed host buffer."""
-        return np.zeros(tuple(shape), DataType(dtype).numpy)
-
-    def allocation_counts(self) -> None:
-        """Host allocations are not counted."""
-        return None
