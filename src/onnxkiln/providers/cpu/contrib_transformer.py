@@ -59,7 +59,7 @@ def _wants(info: NodeInfo, i: int) -> bool:
 # GELU family
 
 
-def _gelu_(t: np.ndarray) -> np.ndarray:
+def gelu_inplace(t: np.ndarray) -> np.ndarray:
     """Exact GELU of a fresh float32/float64 array, in place."""
     e = np.multiply(t, t.dtype.type(_SQRT1_2))
     scipy.special.erf(e, out=e)
@@ -69,7 +69,7 @@ def _gelu_(t: np.ndarray) -> np.ndarray:
     return t
 
 
-def _fast_gelu_(t: np.ndarray) -> np.ndarray:
+def fast_gelu_inplace(t: np.ndarray) -> np.ndarray:
     """tanh-approximated GELU of a fresh float32/float64 array, in place."""
     u = np.multiply(t, t)
     u *= t.dtype.type(0.044715 * _GELU_K)
@@ -106,7 +106,7 @@ def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
     if why is None and dt is not None and dt.numpy == _F64:
         why = "float64 runs the numpy kernel (the numba one is float32)"
     fast = None if why else _numba.load("gelu", _F32)
-    slow = _fast_gelu_ if tanh else _gelu_
+    slow = fast_gelu_inplace if tanh else gelu_inplace
 
     def run(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         if fast is not None and x.dtype != _F64:
@@ -181,7 +181,7 @@ def bias_split_gelu(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     if d % 2:
         raise ValueError(f"BiasSplitGelu: hidden dimension {d} must be even")
     t = _biased(x, bias, "BiasSplitGelu")
-    right = _gelu_(np.ascontiguousarray(t[..., d // 2 :]))
+    right = gelu_inplace(np.ascontiguousarray(t[..., d // 2 :]))
     right *= t[..., : d // 2]
     return right.astype(x.dtype, copy=False)
 

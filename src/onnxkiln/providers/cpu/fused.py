@@ -19,17 +19,15 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu.contrib_transformer import fast_gelu_inplace, gelu_inplace
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["DOMAIN"]
 
 DOMAIN = "onnxkiln"
-_SQRT1_2 = math.sqrt(0.5)
-_GELU_K = math.sqrt(2.0 / math.pi)
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -41,29 +39,8 @@ def _relu_(y: np.ndarray) -> np.ndarray:
     return np.maximum(y, 0, out=y)
 
 
-def _gelu_(t: np.ndarray) -> np.ndarray:
-    e = np.multiply(t, t.dtype.type(_SQRT1_2))
-    scipy.special.erf(e, out=e)
-    e += 1
-    t *= e
-    t *= t.dtype.type(0.5)
-    return t
-
-
-def _fast_gelu_(t: np.ndarray) -> np.ndarray:
-    u = np.multiply(t, t)
-    u *= t.dtype.type(0.044715 * _GELU_K)
-    u += t.dtype.type(_GELU_K)
-    u *= t
-    np.tanh(u, out=u)
-    u += 1
-    t *= u
-    t *= t.dtype.type(0.5)
-    return t
-
-
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
-    "": None, "Relu": _relu_, "Gelu": _gelu_, "FastGelu": _fast_gelu_,
+    "": None, "Relu": _relu_, "Gelu": gelu_inplace, "FastGelu": fast_gelu_inplace,
 }
 
 
