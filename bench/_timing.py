@@ -66,3 +66,14 @@ def interleave(calls: dict[str, Callable[[], Any]], repeat: int, limits: dict[st
         for k in order:
             times[k].append(timed(calls[k], gap_s))
     return times
+
+
+def interleave_runs(runs: dict[str, Callable[[Any], Any]], feeds: Any, repeat: int,
+                    warmup: int = 2) -> dict[str, list[float]]:
+    """`interleave` for runners taking the same feeds, after `warmup` untimed calls each
+    and without idle gaps (single-engine comparisons: no other runtime's threads spin)."""
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn(feeds)
+    calls = {k: (lambda fn=fn: fn(feeds)) for k, fn in runs.items()}
+    return interleave(calls, repeat, {}, random.Random(0), gap_s=0.0)

@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench._timing
+from bench._timing import interleave_runs
 
 SIZES = {
     "bert": {"batch": 1, "seq": 128},
@@ -140,21 +141,6 @@ def partition_table(path: Path, level: str, feeds, backends, repeat: int) -> Non
               flush=True)
 
 
-def _interleaved(runs, feeds, repeat):
-    for fn in runs.values():
-        fn(feeds)
-    times = {k: [] for k in runs}
-    order = list(runs)
-    rng = random.Random(0)
-    for _ in range(repeat):
-        rng.shuffle(order)
-        for k in order:
-            start = time.perf_counter()
-            runs[k](feeds)
-            times[k].append(time.perf_counter() - start)
-    return times
-
-
 def _first_run(session, feeds):
     start = time.perf_counter()
     session.run(feeds)
@@ -223,7 +209,7 @@ def main() -> int:
             for b in backends:
                 session, parts, _ = build(path, level, b)
                 runs[b] = lambda f, s=session: s.run(f)
-            times = _interleaved(runs, feeds, args.repeat)
+            times = interleave_runs(runs, feeds, args.repeat)
             ref = runs["cpu"](feeds)
             diff = max(float(np.max(np.abs(a.astype(np.float64) - r)))
                        for b in backends for a, r in zip(runs[b](feeds), ref) if r.size)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/optimize.py`
+from bench._timing import interleave_runs
 
 PINNED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SIZES = {
@@ -66,7 +69,7 @@ def main() -> int:
             session, nodes, seconds = _session(proto, level)
             runs[level] = lambda f, s=session: s.run(f)
             info[level] = (nodes, seconds)
-        times = _interleaved(runs, feeds, args.repeat)
+        times = interleave_runs(runs, feeds, args.repeat)
         ref = runs["ort"](feeds)
         ort_ms = float(stat(times["ort"])) * 1e3
         for level in levels:
@@ -102,24 +105,6 @@ def _session(proto, level):
     session = InferenceSession(model, select_providers("cpu", None),
                                SessionBuilder().optimization(level))
     return session, len(model.graph), seconds
-
-
-def _interleaved(runs, feeds, repeat):
-    for fn in runs.values():
-        fn(feeds)
-        fn(feeds)
-    times = {k: [] for k in runs}
-    order = list(runs)
-    rng = random.Random(0)
-    for _ in range(repeat):
-        # a fresh order each time: no runner always follows onnxruntime, whose spinning
-        # intra-op threads keep a core busy for a moment after each of its runs
-        rng.shuffle(order)
-        for k in order:
-            start = time.perf_counter()
-            runs[k](feeds)
-            times[k].append(time.perf_counter() - start)
-    return times
 
 
 if __name__ == "__main__":
