@@ -35,6 +35,7 @@ import onnx_ir as ir
 
 from onnxkiln.errors import MemoryLimitError
 from onnxkiln.plan import Plan, Step
+from onnxkiln.skeleton import skeleton
 
 __all__ = [
     "MemoryPlan",
@@ -47,7 +48,7 @@ __all__ = [
     "value_bytes",
 ]
 
-_SMALL = 4096  # initializers up to this many elements stay in the shape-inference copy
+_SMALL_BYTES = 16384  # initializers up to this size stay in the shape-inference copy
 
 
 def value_bytes(value: Any) -> int:
@@ -334,7 +335,7 @@ class ShapeOracle:
 
     def __init__(self, model: ir.Model, plan: Plan) -> None:
         self._plan = plan
-        self._proto: onnx.ModelProto | None = _skeleton(model)
+        self._proto: onnx.ModelProto | None = skeleton(model, _SMALL_BYTES)
         try:  # onnx's C++ shape inference can crash the process on a malformed node (a
             onnx.checker.check_model(self._proto)  # missing required input); the checker
         except Exception:  # refuses those, and then only the run-time checks apply
@@ -387,25 +388,3 @@ def _bytes_of(vi: onnx.ValueInfoProto) -> int | None:
     except (KeyError, TypeError, ValueError):
         return None
     return math.prod(dims) * itemsize
-
-
-def _skeleton(model: ir.Model) -> onnx.ModelProto:
-    """The model without large initializer data: nodes, inputs, outputs, small constants."""
-    g = model.graph
-    graph = onnx.GraphProto(name=g.name or "graph")
-    graph.node.extend(ir.serde.serialize_node(n) for n in g)
-    graph.input.extend(ir.serde.serialize_value(v) for v in g.inputs)
-    graph.output.extend(ir.serde.serialize_value(v) for v in g.outputs)
-    for name, value in g.initializers.items():
-        tensor = value.const_value
-        if tensor is not None and math.prod(tensor.shape.numpy()) <= _SMALL:
-            graph.initializer.append(ir.serde.serialize_tensor(tensor))
-        elif not value.is_graph_input() and tensor is not None:
-            graph.input.append(onnx.helper.make_tensor_value_info(
-                name, int(tensor.dtype), list(tensor.shape.numpy())))
-    proto = onnx.helper.make_model(graph, ir_version=model.ir_version)
-    del proto.opset_import[:]
-    proto.opset_import.extend(
-        onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items())
-    proto.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
-    return proto

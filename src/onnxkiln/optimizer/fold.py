@@ -27,6 +27,7 @@ from onnxkiln.optimizer._graph import (
     is_onnx,
 )
 from onnxkiln.optimizer.eliminate import RANDOM_OPS
+from onnxkiln.skeleton import skeleton
 
 __all__ = ["evaluate", "fold_constants", "infer_shapes", "lift_constants", "to_initializer"]
 
@@ -80,7 +81,7 @@ def infer_shapes(ctx: Context) -> bool:
     level = serde_log.level
     serde_log.setLevel(logging.ERROR)
     try:
-        proto = _skeleton(ctx.model)
+        proto = skeleton(ctx.model, value_info=True)
         onnx.checker.check_model(proto)
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False,
                                                      strict_mode=False, data_prop=True)
@@ -114,33 +115,6 @@ def _merge_shape(value: ir.Value, shape: ir.Shape) -> bool:
     except ValueError:  # conflicting dims: keep what the model said
         return False
     return str(value.shape) != before
-
-
-def _skeleton(model: ir.Model) -> onnx.ModelProto:
-    """The model as a proto whose initializers above 1 KB are typed graph inputs instead."""
-    g = model.graph
-    graph = onnx.GraphProto(name=g.name or "graph")
-    graph.node.extend(ir.serde.serialize_node(n) for n in g)
-    graph.input.extend(ir.serde.serialize_value(v) for v in g.inputs)
-    graph.output.extend(ir.serde.serialize_value(v) for v in g.outputs)
-    for name, value in g.initializers.items():
-        tensor = value.const_value
-        if tensor is None:
-            continue
-        if tensor.nbytes <= 1024:
-            graph.initializer.append(ir.serde.serialize_tensor(tensor))
-            graph.initializer[-1].name = name
-        elif not value.is_graph_input():
-            graph.input.append(onnx.helper.make_tensor_value_info(
-                name, tensor.dtype.value, list(tensor.shape.numpy())))
-    for node in g:
-        graph.value_info.extend(ir.serde.serialize_value(v) for v in node.outputs
-                                if v.name and v.type is not None and not v.is_graph_output())
-    proto = onnx.helper.make_model(graph, ir_version=max(model.ir_version or 8, 4))
-    del proto.opset_import[:]
-    proto.opset_import.extend(onnx.helper.make_opsetid(d, v)
-                              for d, v in model.opset_imports.items())
-    return proto
 
 
 def fold_constants(ctx: Context) -> bool:
