@@ -25,12 +25,17 @@ from onnxkiln.session import InferenceSession, SessionBuilder
 from onnxkiln.trace import Span, TraceContext
 from onnxkiln.types import (
     CacheStats,
+    Captured,
+    CaptureDecline,
+    CaptureViolation,
     ControlFlowStats,
     DeviceId,
     DeviceType,
     IoMeta,
     MemoryStats,
     ModelMetadata,
+    NotCapturable,
+    SeamKind,
     SessionOutput,
     WarmupShape,
 )
@@ -39,7 +44,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheStats",
+    "CaptureDecline",
     "CaptureError",
+    "CaptureViolation",
+    "Captured",
     "ControlFlowStats",
     "DataType",
     "DeviceBindingError",
@@ -57,7 +65,9 @@ __all__ = [
     "MemoryStats",
     "ModelLoadError",
     "ModelMetadata",
+    "NotCapturable",
     "RunCancelledError",
+    "SeamKind",
     "SequenceOutputError",
     "SessionBuilder",
     "SessionError",

@@ -13,12 +13,17 @@ from onnxkiln.errors import SequenceOutputError
 
 __all__ = [
     "CacheStats",
+    "CaptureDecline",
+    "CaptureViolation",
+    "Captured",
     "ControlFlowStats",
     "DeviceId",
     "DeviceType",
     "IoMeta",
     "MemoryStats",
     "ModelMetadata",
+    "NotCapturable",
+    "SeamKind",
     "SessionOutput",
     "WarmupShape",
 ]
@@ -193,3 +198,70 @@ class DeviceAllocationCounts:
     frees: int
     bytes_in_use: int
     peak_bytes: int
+
+
+class SeamKind(enum.Enum):
+    """Why a node runs eagerly between captured segments (SPEC §7)."""
+
+    HOST_CONTROL_FLOW = "host control flow"
+    DATA_DEPENDENT_SHAPE = "data-dependent output shape"
+    KERNEL_NOT_CAPTURABLE = "kernel not capturable"
+    CPU_FALLBACK = "CPU fallback node"
+    GROWING_SHAPE = "shape grows step to step"
+
+
+@dataclass(frozen=True)
+class CaptureDecline:
+    """One node a capture could not record: where it is, what kind of seam, and why."""
+
+    node_id: int
+    node_name: str
+    op_type: str
+    domain: str
+    seam_kind: SeamKind
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"node {self.node_id} '{self.node_name}' ({self.domain or 'ai.onnx'}::"
+                f"{self.op_type}): {self.seam_kind.name}: {self.reason}")
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A capture that ran this step and recorded it: `outputs` as in
+    run_with_device_bindings, `segments` captured segments (1: the whole graph)."""
+
+    outputs: list[Any]
+    segments: int
+
+    @property
+    def captured(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class NotCapturable:
+    """The audit refused before anything ran or was recorded; an eager retry is safe."""
+
+    declines: list[CaptureDecline]
+
+    @property
+    def captured(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return "not capturable:\n  " + "\n  ".join(str(d) for d in self.declines)
+
+
+DeviceGraphCaptureResult = Captured | NotCapturable
+
+
+class CaptureViolation(enum.IntFlag):
+    """Bits of the latched capture-safety word (check_device_capture_error): a captured
+    kernel clamped an out-of-range index or write instead of stopping the device."""
+
+    NONE = 0
+    GATHER_INDEX = 1
+    SCATTER_INDEX = 2
+    KV_CAPACITY = 4
+    POSITION_RANGE = 8
