@@ -176,7 +176,7 @@ def test_gather(axis, idx_dtype):
     check_node("Gather", {"x": x, "i": np.array(-2, idx_dtype)}, axis=axis)
 
 
-def test_gather_clamps_out_of_range_indices():
+def test_gather_raises_on_out_of_range_indices_and_unchecked_clamps():
     import onnxkiln.providers.cuda.index as m
     from onnxkiln.providers.cuda import REGISTRY
     spec = REGISTRY.resolve("", "Gather", 13)
@@ -185,9 +185,37 @@ def test_gather_clamps_out_of_range_indices():
     from onnxkiln.testing import node_model
     x = np.arange(4, dtype=np.float32)
     info, _, _ = node_info(node_model("Gather", {"x": x, "i": np.array([0], I64)}))
-    y = spec.build(info)(torch.from_numpy(x), torch.tensor([5, -9, 2]))
+    run = spec.build(info)
+    with pytest.raises(IndexError, match=r"Gather: index 5 is out of range .* size 4"):
+        run(torch.from_numpy(x), torch.tensor([5, -9, 2]))
+    assert run(torch.from_numpy(x), torch.tensor([-4, 3])).tolist() == [0.0, 3.0]
+    y = run.unchecked(torch.from_numpy(x), torch.tensor([5, -9, 2]))  # the capture-safe path
     assert y.tolist() == [3.0, 0.0, 2.0]
     assert m._norm_index(torch.tensor([-1]), 4).tolist() == [3]
+
+
+@pytest.mark.parametrize("op,feeds,attrs", [
+    ("Gather", {"x": np.zeros((3, 4), np.float32), "i": np.array([[0, 3]], I64)}, {"axis": 0}),
+    ("GatherElements", {"x": np.zeros((3, 4), np.float32), "i": np.array([[0, -5]], I64)},
+     {"axis": 1}),
+    ("GatherND", {"x": np.zeros((2, 3, 4), np.float32), "i": np.array([[1, 3]], I64)}, {}),
+    ("ScatterND", {"x": np.zeros((2, 3), np.float32), "i": np.array([[2]], I64),
+                   "u": np.ones((1, 3), np.float32)}, {}),
+    ("ScatterElements", {"x": np.zeros((2, 3), np.float32), "i": np.array([[7]], I64),
+                         "u": np.ones((1, 1), np.float32)}, {"axis": 1}),
+])
+def test_out_of_range_indices_raise_on_both_providers(op, feeds, attrs):
+    import onnxkiln as ok
+    from onnxkiln.testing import node_model
+    model = node_model(op, feeds, **attrs)
+    for b in (ok.InferenceSession.builder().providers(["cpu"]),
+              ok.InferenceSession.builder().providers(["cuda", "cpu"])
+              .option("testing.cuda_on_torch_cpu", "1")):
+        s = b.from_graph(model)
+        with pytest.raises(ok.KernelError) as e:
+            s.run(feeds)
+        assert isinstance(e.value.__cause__, IndexError)
+        assert op in str(e.value.__cause__) and "out of range" in str(e.value.__cause__)
 
 
 def test_gather_elements_and_nd():

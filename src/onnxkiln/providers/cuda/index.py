@@ -1,7 +1,10 @@
 """Torch kernels: indexing (Gather*, Scatter*), TopK, CumSum, Trilu, Einsum, OneHot.
 
-Device kernels cannot check index bounds without a host sync, so out-of-range indices are
-clamped into range (the CPU provider raises IndexError); negative indices wrap as in ONNX.
+Eager calls check index bounds and raise IndexError naming the op, the bad index and the
+valid range, like the CPU provider (one host sync per call, the price of a clear error);
+negative indices wrap as in ONNX. Each indexing kernel carries `.unchecked`, the same kernel
+without that sync (out-of-range indices clamped), for onnxkiln.capture_safe: its wrappers clamp
+and flag a violation bit on the device first, so a captured replay never syncs or raises.
 """
 
 from __future__ import annotations
@@ -23,10 +26,37 @@ _IDX = frozenset({DataType.INT32, DataType.INT64})
 
 
 def _norm_index(idx: Tensor, n: int) -> Tensor:
-    """int64 indices with negatives wrapped and the rest clamped into [0, n)."""
+    """int64 indices with negatives wrapped and the rest clamped into [0, n) (no sync)."""
     idx = idx.to(torch.int64)
     idx = torch.where(idx < 0, idx + n, idx)
     return idx.clamp(0, max(n - 1, 0))
+
+
+def _out_of_range(bad: Tensor, idx: Tensor, n: int, op: str, where: str,
+                  shape: tuple[int, ...]) -> IndexError:
+    value = int(idx[bad].reshape(-1)[0])
+    return IndexError(f"{op}: index {value} is out of range for {where} of size {n} (data shape "
+                      f"{list(shape)}; valid indices are [-{n}, {n - 1}])")
+
+
+def _index(idx: Tensor, n: int, op: str, axis: int, shape: tuple[int, ...],
+           check: bool) -> Tensor:
+    """int64 indices with negatives wrapped; `check`: IndexError on any outside [-n, n)
+    (one host sync), else clamped into range."""
+    if not check:
+        return _norm_index(idx, n)
+    idx = idx.to(torch.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bool(bad.any()):  # the one host sync of an eager call
+        raise _out_of_range(bad, idx, n, op, f"axis {axis}", shape)
+    return torch.where(idx < 0, idx + n, idx)
+
+
+def _checked_pair(make: Callable[[bool], Callable[..., Tensor]]) -> Callable[..., Tensor]:
+    """make(True), the eager kernel that raises, carrying make(False) as `.unchecked`."""
+    run = make(True)
+    run.unchecked = make(False)
+    return run
 
 
 def _index_types(*positions: int, allowed=SERVED, host=()):
@@ -44,59 +74,81 @@ def _index_types(*positions: int, allowed=SERVED, host=()):
 
 @kernel("Gather", since=1, factory=True, supports=_index_types(1))
 def gather(info: NodeInfo) -> Callable[[Tensor, Tensor], Tensor]:
-    """x taken at `indices` along `axis` (out-of-range indices clamped, not raised)."""
+    """x taken at `indices` along `axis` (IndexError outside [-n, n))."""
     axis = int(info.attrs.get("axis") or 0)
 
-    def run(x: Tensor, indices: Tensor) -> Tensor:
-        a = axis_of(axis, x.ndim, "Gather")
-        n = x.shape[a]
-        idx = _norm_index(indices, n)
-        out = torch.index_select(x, a, idx.reshape(-1))
-        return out.reshape((*x.shape[:a], *indices.shape, *x.shape[a + 1:]))
+    def make(check: bool) -> Callable[[Tensor, Tensor], Tensor]:
+        def run(x: Tensor, indices: Tensor) -> Tensor:
+            a = axis_of(axis, x.ndim, "Gather")
+            idx = _index(indices, x.shape[a], "Gather", a, tuple(x.shape), check)
+            out = torch.index_select(x, a, idx.reshape(-1))
+            return out.reshape((*x.shape[:a], *indices.shape, *x.shape[a + 1:]))
+        return run
 
-    return run
+    return _checked_pair(make)
 
 
 @kernel("GatherElements", since=11, factory=True, supports=_index_types(1))
 def gather_elements(info: NodeInfo) -> Callable[[Tensor, Tensor], Tensor]:
-    """out[i][j][k] = x[index[i][j][k]][j][k] along `axis` (indices clamped)."""
+    """out[i][j][k] = x[index[i][j][k]][j][k] along `axis` (IndexError outside [-n, n))."""
     axis = int(info.attrs.get("axis") or 0)
 
-    def run(x: Tensor, indices: Tensor) -> Tensor:
-        a = axis_of(axis, x.ndim, "GatherElements")
-        return torch.gather(x, a, _norm_index(indices, x.shape[a]))
+    def make(check: bool) -> Callable[[Tensor, Tensor], Tensor]:
+        def run(x: Tensor, indices: Tensor) -> Tensor:
+            a = axis_of(axis, x.ndim, "GatherElements")
+            idx = _index(indices, x.shape[a], "GatherElements", a, tuple(x.shape), check)
+            return torch.gather(x, a, idx)
+        return run
 
-    return run
+    return _checked_pair(make)
 
 
-def _linear_index(indices: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Row-major offsets of the (..., k) index tuples into the first k dims of `shape`."""
+def _linear_index(indices: Tensor, dims: tuple[int, ...], op: str, first: int,
+                  shape: tuple[int, ...], check: bool) -> Tensor:
+    """Row-major offsets of the (..., k) index tuples into `dims` (data dims first..first+k);
+    `check`: IndexError on any component out of range (one host sync for all), else clamped."""
     k = indices.shape[-1]
+    idx = indices.to(torch.int64)
+    if check and k and idx.numel():
+        bad = torch.zeros(idx.shape[:-1], dtype=torch.bool, device=idx.device)
+        for j in range(k):
+            bad = bad | (idx[..., j] < -dims[j]) | (idx[..., j] >= dims[j])
+        if bool(bad.any()):  # the one host sync of an eager call
+            for j in range(k):
+                col = idx[..., j]
+                wrong = (col < -dims[j]) | (col >= dims[j])
+                if bool(wrong.any()):
+                    raise _out_of_range(wrong, col, dims[j], op,
+                                        f"axis {first + j} (component {j} of the index tuple)",
+                                        shape)
     lin = torch.zeros(indices.shape[:-1], dtype=torch.int64, device=indices.device)
     for j in range(k):
-        lin = lin * shape[j] + _norm_index(indices[..., j], shape[j])
+        lin = lin * dims[j] + _norm_index(idx[..., j], dims[j])
     return lin
 
 
 @kernel("GatherND", since=11, factory=True, supports=_index_types(1))
 def gather_nd(info: NodeInfo) -> Callable[[Tensor, Tensor], Tensor]:
-    """Slices of x at index tuples over its leading dims after `batch_dims` (clamped)."""
+    """Slices of x at index tuples over its leading dims after `batch_dims` (IndexError when a
+    component is out of range)."""
     b = int(info.attrs.get("batch_dims") or 0)
 
-    def run(x: Tensor, indices: Tensor) -> Tensor:
-        k = indices.shape[-1]
-        batch = x.shape[:b]
-        nb = math.prod(batch)
-        inner = x.shape[b:b + k]
-        rest = x.shape[b + k:]
-        xf = x.reshape(nb * math.prod(inner), *rest)
-        idx = indices.reshape(nb, -1, k)
-        lin = _linear_index(idx, tuple(inner))
-        lin = lin + torch.arange(nb, device=x.device).reshape(nb, 1) * math.prod(inner)
-        out = torch.index_select(xf, 0, lin.reshape(-1))
-        return out.reshape((*indices.shape[:-1], *rest))
+    def make(check: bool) -> Callable[[Tensor, Tensor], Tensor]:
+        def run(x: Tensor, indices: Tensor) -> Tensor:
+            k = indices.shape[-1]
+            batch = x.shape[:b]
+            nb = math.prod(batch)
+            inner = x.shape[b:b + k]
+            rest = x.shape[b + k:]
+            xf = x.reshape(nb * math.prod(inner), *rest)
+            idx = indices.reshape(nb, -1, k)
+            lin = _linear_index(idx, tuple(inner), "GatherND", b, tuple(x.shape), check)
+            lin = lin + torch.arange(nb, device=x.device).reshape(nb, 1) * math.prod(inner)
+            out = torch.index_select(xf, 0, lin.reshape(-1))
+            return out.reshape((*indices.shape[:-1], *rest))
+        return run
 
-    return run
+    return _checked_pair(make)
 
 
 _REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
@@ -111,45 +163,53 @@ def _reduction(info: NodeInfo) -> str:
 
 @kernel("ScatterND", since=11, factory=True, supports=_index_types(1))
 def scatter_nd(info: NodeInfo) -> Callable[..., Tensor]:
-    """A copy of data with `updates` written (or reduced) at the index tuples (clamped)."""
+    """A copy of data with `updates` written (or reduced) at the index tuples (IndexError when
+    a component is out of range)."""
     red = _reduction(info)
 
-    def run(data: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
-        k = indices.shape[-1]
-        out = data.clone()
-        lead = data.shape[:k]
-        flat = out.view(math.prod(lead), *data.shape[k:])
-        lin = _linear_index(indices, tuple(lead)).reshape(-1)
-        upd = updates.reshape(-1, *data.shape[k:])
-        if red == "none":
-            flat.index_copy_(0, lin, upd)
-        elif red == "add":
-            flat.index_add_(0, lin, upd)
-        else:
-            idx = lin.reshape(-1, *([1] * (upd.ndim - 1))).expand(upd.shape)
-            flat.scatter_reduce_(0, idx, upd, _REDUCE[red], include_self=True)
-        return out
+    def make(check: bool) -> Callable[..., Tensor]:
+        def run(data: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
+            k = indices.shape[-1]
+            out = data.clone()
+            lead = data.shape[:k]
+            flat = out.view(math.prod(lead), *data.shape[k:])
+            lin = _linear_index(indices, tuple(lead), "ScatterND", 0, tuple(data.shape),
+                                check).reshape(-1)
+            upd = updates.reshape(-1, *data.shape[k:])
+            if red == "none":
+                flat.index_copy_(0, lin, upd)
+            elif red == "add":
+                flat.index_add_(0, lin, upd)
+            else:
+                idx = lin.reshape(-1, *([1] * (upd.ndim - 1))).expand(upd.shape)
+                flat.scatter_reduce_(0, idx, upd, _REDUCE[red], include_self=True)
+            return out
+        return run
 
-    return run
+    return _checked_pair(make)
 
 
 def _scatter_elements(info: NodeInfo) -> Callable[..., Tensor]:
     axis = int(info.attrs.get("axis") or 0)
     red = _reduction(info) if info.op_type == "ScatterElements" else "none"
+    op = info.op_type
 
-    def run(data: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
-        a = axis_of(axis, data.ndim, info.op_type)
-        idx = _norm_index(indices, data.shape[a])
-        if red == "none":
-            return torch.scatter(data, a, idx, updates)
-        return torch.scatter_reduce(data, a, idx, updates, _REDUCE[red], include_self=True)
+    def make(check: bool) -> Callable[..., Tensor]:
+        def run(data: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
+            a = axis_of(axis, data.ndim, op)
+            idx = _index(indices, data.shape[a], op, a, tuple(data.shape), check)
+            if red == "none":
+                return torch.scatter(data, a, idx, updates)
+            return torch.scatter_reduce(data, a, idx, updates, _REDUCE[red], include_self=True)
+        return run
 
-    return run
+    return _checked_pair(make)
 
 
 @kernel("ScatterElements", since=11, factory=True, supports=_index_types(1))
 def scatter_elements(info: NodeInfo) -> Callable[..., Tensor]:
-    """A copy of data with updates written (or reduced) at `indices` along `axis`."""
+    """A copy of data with updates written (or reduced) at `indices` along `axis`
+    (IndexError outside [-n, n))."""
     return _scatter_elements(info)
 
 
