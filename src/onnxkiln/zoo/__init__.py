@@ -16,7 +16,14 @@ import onnx
 from onnxkiln.zoo._builder import OPSET, random_inputs
 from onnxkiln.zoo.cnn import MobileNetConfig, ResNetConfig, mobilenet_v2, resnet
 from onnxkiln.zoo.dense import LstmConfig, MlpConfig, lstm, mlp
-from onnxkiln.zoo.transformer import BertConfig, GptConfig, bert_encoder, gpt_decoder_step
+from onnxkiln.zoo.transformer import (
+    BertConfig,
+    GptConfig,
+    bert_encoder,
+    gpt_decoder_step,
+    gpt_static_decoder_step,
+    static_decode_feeds,
+)
 
 __all__ = [
     "MODELS",
@@ -30,11 +37,13 @@ __all__ = [
     "bert_encoder",
     "default_model",
     "gpt_decoder_step",
+    "gpt_static_decoder_step",
     "lstm",
     "mlp",
     "mobilenet_v2",
     "random_inputs",
     "resnet",
+    "static_decode_feeds",
 ]
 
 

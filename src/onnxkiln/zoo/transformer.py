@@ -1,4 +1,5 @@
-"""Transformer zoo models: a BERT encoder and a GPT-2 decoder step with a KV cache."""
+"""Transformer zoo models: a BERT encoder and GPT-2 decoder steps with a KV cache (growing,
+and fixed-capacity for device-graph capture)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from onnx import TensorProto, numpy_helper
 
 from onnxkiln.zoo._builder import _F32_MIN, _I64, _Builder, _config, _f32, _i64
 
-__all__ = ["BertConfig", "GptConfig", "bert_encoder", "gpt_decoder_step"]
+__all__ = ["BertConfig", "GptConfig", "bert_encoder", "gpt_decoder_step",
+           "gpt_static_decoder_step", "static_decode_feeds"]
 
 
 # --- BERT -----------------------------------------------------------------------------------
@@ -226,3 +228,93 @@ def gpt_decoder_step(cfg: GptConfig | None = None, seed: int = 0, **overrides: A
         outputs += [_f32(f"present_key_{i}", kv_out), _f32(f"present_value_{i}", kv_out)]
     hints = {"dims": "batch=1,seq=1,past_seq=4", "input.input_ids": f"int:0:{cfg.vocab}"}
     return b.finish("gpt_decoder_step", inputs, outputs, hints)
+
+
+# --- GPT-2 decoder step with fixed-capacity KV buffers ----------------------------------------
+
+
+def _static_block(b: _Builder, x: str, mask: str, kv_index: str, i: int, cfg: GptConfig) -> str:
+    """One GPT-2 block over fixed-capacity caches: the new key/value are scattered into the
+    past at the step's position, attention runs over the whole capacity under `mask`.
+    Draws its weights in the same order as `_gpt_block` (so the same seed, the same model)."""
+    h, nh = cfg.hidden, cfg.heads
+    dh, p = h // nh, f"transformer.h.{i}"
+    with b.scope("attn"):
+        a = b.layer_norm(x, f"{p}.ln_1", h, cfg.eps)
+        qkv = b.linear(a, f"{p}.attn.c_attn", h, 3 * h)
+        q, k, v = b.op("Split", qkv, b.const([h, h, h], _I64), n_out=3, axis=2)
+        split = b.const([1, 1, nh, dh], _I64)
+        q, k, v = (_heads(b, t, split, [0, 2, 1, 3]) for t in (q, k, v))  # [1, nh, 1, dh]
+        k = b.rename(b.op("ScatterND", f"past_key_{i}", kv_index, k), f"present_key_{i}")
+        v = b.rename(b.op("ScatterND", f"past_value_{i}", kv_index, v), f"present_value_{i}")
+        kt = b.op("Transpose", k, perm=[0, 1, 3, 2])
+        scores = b.op("Div", b.op("MatMul", q, kt), b.const(math.sqrt(dh)))  # [1, nh, 1, cap]
+        ctx = b.op("MatMul", b.op("Softmax", b.op("Add", scores, mask), axis=-1), v)
+        ctx = b.op("Reshape", b.op("Transpose", ctx, perm=[0, 2, 1, 3]), b.const([1, 1, h], _I64))
+        x = b.op("Add", x, b.linear(ctx, f"{p}.attn.c_proj", h, h))
+    with b.scope("mlp"):
+        m = b.layer_norm(x, f"{p}.ln_2", h, cfg.eps)
+        m = _gelu_tanh(b, b.linear(m, f"{p}.mlp.c_fc", h, 4 * h))
+        return b.op("Add", x, b.linear(m, f"{p}.mlp.c_proj", 4 * h, h))
+
+
+def gpt_static_decoder_step(cfg: GptConfig | None = None, capacity: int = 128, seed: int = 0,
+                            **overrides: Any) -> onnx.ModelProto:
+    """One GPT-2 decode step (batch 1, one new token) over fixed-capacity KV buffers, every
+    shape static: the form device-graph capture replays (SPEC §7).
+
+    The same weights and names as `gpt_decoder_step(cfg, seed)`, so the two agree. Inputs
+    input_ids int64 [1, 1]; position int64 [1] (where the new token goes: the number of tokens
+    before it); attention_mask float32 [1, capacity], additive (0 where a key may be attended,
+    float32 min where not; see `static_decode_feeds`); past_key_i / past_value_i float32
+    [1, heads, capacity, head_dim]. The new key/value are written at `position` by ScatterND
+    (as torch exports `cache[:, :, pos] = k`), giving present_key_i / present_value_i of the
+    same shape; attention runs over the whole capacity. Outputs logits [1, 1, vocab], then
+    present_key_i, present_value_i per layer (the order of `gpt_decoder_step`).
+    Positions must stay below both `capacity` and `cfg.max_positions`. Masked cache slots are
+    still read, so a fresh cache must be zeroed (NaN there would leak through the softmax).
+    """
+    cfg = _config(cfg, GptConfig, overrides)
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    b = _Builder(seed)
+    h, nh, dh = cfg.hidden, cfg.heads, cfg.hidden // cfg.heads
+    with b.scope("transformer"):
+        wte = b.normal("transformer.wte.weight", (cfg.vocab, h), h**-0.5)
+        wpe = b.normal("transformer.wpe.weight", (cfg.max_positions, h), 0.01)
+        x = b.op("Add", b.op("Gather", wte, "input_ids"), b.op("Gather", wpe, "position"))
+        # ScatterND indices [1, nh, 1, 3]: (0, head, position) for every head
+        heads = np.zeros((1, nh, 1, 2), _I64)
+        heads[0, :, 0, 1] = np.arange(nh)
+        pos = b.op("Expand", b.op("Reshape", "position", b.const([1, 1, 1, 1], _I64)),
+                   b.const([1, nh, 1, 1], _I64))
+        kv_index = b.op("Concat", b.const(heads, _I64), pos, axis=-1)
+        mask = b.op("Reshape", "attention_mask", b.const([1, 1, 1, capacity], _I64))
+    for i in range(cfg.layers):
+        with b.scope(f"transformer/h.{i}"):
+            x = _static_block(b, x, mask, kv_index, i, cfg)
+    x = b.layer_norm(x, "transformer.ln_f", h, cfg.eps)
+    with b.scope("lm_head"):
+        b.rename(b.op("MatMul", x, b.op("Transpose", wte, perm=[1, 0])), "logits")
+    kv = [1, nh, capacity, dh]
+    inputs = [_i64("input_ids", [1, 1]), _i64("position", [1]),
+              _f32("attention_mask", [1, capacity])]
+    outputs = [_f32("logits", [1, 1, cfg.vocab])]
+    for i in range(cfg.layers):
+        inputs += [_f32(f"past_key_{i}", kv), _f32(f"past_value_{i}", kv)]
+        outputs += [_f32(f"present_key_{i}", kv), _f32(f"present_value_{i}", kv)]
+    hints = {"input.input_ids": f"int:0:{cfg.vocab}",
+             "input.position": f"int:0:{min(capacity, cfg.max_positions)}",
+             "capacity": str(capacity)}
+    return b.finish("gpt_static_decoder_step", inputs, outputs, hints)
+
+
+def static_decode_feeds(step: int, token: int, capacity: int) -> dict[str, np.ndarray]:
+    """input_ids, position and attention_mask for `gpt_static_decoder_step` at `step` (the
+    new token's position): keys 0..step may be attended (mask 0), the rest get float32 min."""
+    if not 0 <= step < capacity:
+        raise ValueError(f"step {step} is outside the capacity {capacity}")
+    mask = np.full((1, capacity), _F32_MIN, np.float32)
+    mask[0, : step + 1] = 0.0
+    return {"input_ids": np.array([[token]], _I64), "position": np.array([step], _I64),
+            "attention_mask": mask}
