@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (torch with CUDA preinstalled, no internet): the CUDA provider's
-# tests on the GPU, then the decode benchmark (tokens/s with KV bindings, plain, torch eager).
+# tests on the GPU, then the decode benchmark (tokens/s with KV bindings, plain, torch eager)
+# and the capture benchmark (eager, memo, captured replay vs torch eager and CUDA graph).
 # Usage: bash scripts/gpu_check.sh [python]     (< 8 minutes on an H200)
 set -uo pipefail
 PY=${1:-python3}
@@ -32,9 +33,13 @@ fi
 status=0
 ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -q -p no:cacheprovider --maxfail=25 \
     -o addopts="" tests/test_cuda_gpu.py tests/test_bindings.py tests/test_placement.py \
+    tests/test_capture.py tests/test_capture_safe.py tests/test_decode_memo.py \
     tests/providers/cuda -rs || status=$?
 ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 120 "$PY" tests/providers/cuda/conformance_torch.py \
     || status=$?
 timeout 150 "$PY" bench/decode.py --device cuda --past 16 64 256 1024 --tokens 20 || status=$?
 timeout 60 "$PY" examples/decode_loop.py --device cuda --gpt2 --tokens 16 || status=$?
+# device-graph capture (SPEC §7): the small model as a smoke test, then GPT-2 small, 100 steps
+timeout 60 "$PY" bench/capture.py --device cuda --small || status=$?
+timeout 120 "$PY" bench/capture.py --device cuda --gpt2 --steps 100 || status=$?
 exit $status

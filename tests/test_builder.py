@@ -116,6 +116,8 @@ def test_intra_op_threads_is_stored():
 
 OPTION_CASES = [  # key, a valid value, an invalid value, the error it gives
     ("decode.verify", "1", "yes", r"must be one of \['0', '1'\], got 'yes'"),
+    ("decode.memo", "0", "off", r"must be one of \['0', '1'\], got 'off'"),
+    ("capture.allow_seams", "0", "no", r"must be one of \['0', '1'\], got 'no'"),
     ("ep.context_enable", "0", "true", r"must be one of \['0', '1'\], got 'true'"),
     ("ep.context_embed_mode", "0", "2", r"must be one of \['0', '1'\], got '2'"),
     ("ep.context_file_path", "out_ctx.onnx", "", "needs a non-empty value"),
@@ -149,7 +151,8 @@ def test_unknown_option_lists_every_valid_key_and_the_closest():
     with pytest.raises(UnknownOptionError) as info:
         InferenceSession.builder().option("ep.context_embedmode", "1")
     assert str(info.value) == (
-        "unknown session option 'ep.context_embedmode'; valid keys are ['decode.verify', "
+        "unknown session option 'ep.context_embedmode'; valid keys are ['capture.allow_seams', "
+        "'decode.memo', 'decode.verify', "
         "'ep.context_embed_mode', 'ep.context_enable', 'ep.context_file_path', "
         "'ep.context_node_name_prefix', 'memory.inplace', 'memory.track', "
         "'optimized_model_path', 'testing.cuda_on_torch_cpu']; did you mean "

@@ -414,6 +414,7 @@ class SessionBindings:
         self._inputs = list(inputs)
         self._outputs = list(outputs)
         self.plans = plans
+        self.release_hooks: list[Callable[[DeviceIoBinding], None]] = []  # memo, capture
 
     def allocate(self, input_name: str | None, output_name: str | None, dtype: Any,
                  physical: Sequence[int], logical: Sequence[int]) -> DeviceIoBinding:
@@ -434,6 +435,8 @@ class SessionBindings:
 
     def _binding_released(self, binding: DeviceIoBinding) -> None:
         self.plans.forget(binding)
+        for hook in self.release_hooks:
+            hook(binding)
 
     def check(self, given: Iterable[str], bindings: Any) -> list[DeviceIoBinding]:
         """The bindings of one run, refused when foreign, released, duplicated, or also

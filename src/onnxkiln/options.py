@@ -17,6 +17,8 @@ KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "ep.context_embed_mode": ("0", "1"),
     "ep.context_node_name_prefix": None,
     "decode.verify": ("0", "1"),
+    "capture.allow_seams": ("0", "1"),  # 0: a capture with any seam is NotCapturable
+    "decode.memo": ("0", "1"),  # the decode memo and view plan (default 1; 0 for A/B runs)
     "optimized_model_path": None,
     "memory.inplace": ("0", "1"),  # write elementwise results into dying inputs (default 1)
     "memory.track": ("0", "1"),  # measure each run's peak live bytes (memory_stats())

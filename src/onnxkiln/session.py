@@ -16,8 +16,11 @@ import onnx_ir as ir
 
 from onnxkiln import ep_context, ep_context_load, loader, optimizer, sizes, warmup
 from onnxkiln.bindings import BindingPlans, DeviceIoBinding, SessionBindings
+from onnxkiln.decode import DecodeMemo
+from onnxkiln.device_graph import CaptureContext, DeviceGraphs
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
+    CaptureError,
     InvalidInputError,
     InvalidOptionError,
     ModelLoadError,
@@ -42,8 +45,10 @@ from onnxkiln.threads import default_threads, thread_limit
 from onnxkiln.trace import TraceContext
 from onnxkiln.types import (
     CacheStats,
+    CaptureDecline,
     ControlFlowStats,
     DeviceAllocationCounts,
+    DeviceGraphCaptureResult,
     DeviceId,
     ExecutionProviderFallbackReport,
     IoMeta,
@@ -234,6 +239,16 @@ class InferenceSession:
         self._bindings = SessionBindings(next((p for p in placement.providers if not p.on_host),
                                               placement.providers[0]),
                                          self._inputs, self._outputs, plans)
+        device = self._bindings.provider
+        self._graphs = DeviceGraphs(CaptureContext(
+            model.graph, [m.name for m in self._inputs], [m.name for m in self._outputs],
+            self._compiled, device, None if device.on_host else device.name,
+            {d.node_id: d.reason for d in (self._fallback.declines if self._fallback else [])},
+            self._options.get("capture.allow_seams", "1") == "1"))
+        self._decode_memo = DecodeMemo(self._validator, self._cache, self._bindings,
+                                       [m.name for m in self._outputs], self._copy_outputs,
+                                       self._threads, self._model.graph.name, self._options)
+        self._bindings.release_hooks += [self._decode_memo.forget, self._graphs.forget]
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
         self._last_peak: int | None = None
 
@@ -273,6 +288,7 @@ class InferenceSession:
             >>> threading.Timer(5.0, stop.set).start()  # give up after 5 s
             >>> y, = session.run({"x": x}, cancel=stop)
         """
+        self._decode_memo.note_ineligible()
         values = self._run(inputs, cancel=cancel)
         for meta, value in zip(self._outputs, values):
             if not isinstance(value, np.ndarray):
@@ -286,6 +302,7 @@ class InferenceSession:
     ) -> list[SessionOutput]:
         """Run and keep each output's kind (tensor, sequence, map, optional); `cancel` as
         in `run`."""
+        self._decode_memo.note_ineligible()
         return [
             SessionOutput(meta.name, _kind(value), value)
             for meta, value in zip(self._outputs, self._run(inputs, cancel=cancel))
@@ -414,25 +431,95 @@ class InferenceSession:
         `run`. A KV output Concat(past, new) on its past's binding writes only `new`."""
         feeds = self._validator._normalise(inputs)
         bindings = self._bindings.check(feeds, bindings)
-        feeds.update((b.input_name, b.view()) for b in bindings if b.input_name)
-        values, signature = self._validator.bind(feeds)
-        self._cache.get(signature)
-        compiled, appended = self._bindings.plans.get(bindings)
-        with thread_limit(self._threads):
-            if self._trace.enabled:
-                with self._trace.run_span("model_run", graph=self._model.graph.name or "main"):
-                    outputs = compiled.hooked(values, compiled.tracer(self._trace))
-            else:
-                outputs = compiled(values)
-        self._bindings.write_back(outputs, bindings, appended)
-        for i, value in enumerate(outputs):
-            if isinstance(value, np.ndarray) and self._copy_outputs[i]:
-                outputs[i] = value.copy()
-        return outputs
+        return self._decode_memo.run(feeds, bindings, self._trace)  # onnxkiln.decode (§7)
 
     def device_allocation_counts(self) -> DeviceAllocationCounts | None:
         """Device allocator activity (CUDA: torch's allocator statistics); None on the CPU."""
         return self._bindings.provider.allocation_counts()
+
+    def decode_memo_counts(self) -> tuple[int, int, int, int]:
+        """(primed, rebuilt, replayed, ineligible) of the decode memo (SPEC §7).
+
+        A bound run whose binding layout and plain-input shapes match the memo's replays it
+        (skipping bound-input validation and the cache lookups); another layout builds anew
+        (the first: primed, later: rebuilt). Runs without bindings, `run`/`run_outputs`
+        and captured replays count as ineligible. Option decode.memo=0 turns the memo off.
+
+        Example:
+            >>> s.decode_memo_counts()  # prefill (1, 5), then 10 steps of (1, 1)
+            (1, 1, 9, 0)
+        """
+        return self._decode_memo.counts()
+
+    def decode_view_plan_counts(self) -> tuple[int, int]:
+        """(views_reused, dispatch_elided) on replayed decode steps (SPEC §7): binding views
+        kept because their logical shape did not change, plus view steps (Reshape,
+        Unsqueeze, ...) of invariant inputs whose output was reused instead of dispatched
+        (counted in both)."""
+        return self._decode_memo.view_plan_counts()
+
+    # device-graph capture (onnxkiln.capture, onnxkiln.replay, onnxkiln.device_graph) ---
+    def try_capture_with_device_bindings(self, inputs: Any, bindings: Sequence[DeviceIoBinding]
+                                         ) -> DeviceGraphCaptureResult:
+        """Run this step once and record it for `replay_device_graph` (SPEC §7).
+
+        Every graph output must be bound. Plain `inputs` are frozen into the graph (copied
+        now, reused by every replay); what changes step to step lives in bindings the
+        caller writes before each replay. The audit runs first: `NotCapturable` (nothing
+        ran, an eager retry is safe) when no step could be recorded, or when any node
+        declines and option capture.allow_seams is "0"; otherwise the step runs and
+        `Captured(outputs, segments)` comes back, seams listed in capture_segmentation().
+
+        Example:
+            >>> res = s.try_capture_with_device_bindings({}, bindings)
+            >>> while res.captured and s.replay_device_graph(bindings): ...
+        """
+        feeds = self._validator._normalise(inputs)
+        bindings = self._bindings.check(feeds, bindings)
+        bound = {b.output_name for b in bindings if b.output_name}
+        unbound = [m.name for m in self._outputs if m.name not in bound]
+        if unbound:
+            raise CaptureError(f"every graph output must be bound to capture; unbound: {unbound} "
+                               "(allocate_device_output_binding for each)")
+        feeds.update((b.input_name, b.view()) for b in bindings if b.input_name)
+        values, signature = self._validator.bind(feeds)
+        self._cache.get(signature)
+        self._decode_memo.note_ineligible()
+        compiled, in_place = self._bindings.plans.get(bindings)
+        with thread_limit(self._threads):
+            return self._graphs.capture(
+                values, bindings, compiled, in_place, self._trace,
+                lambda outs: self._bindings.write_back(outs, bindings, in_place))
+
+    def replay_device_graph(self, bindings: Sequence[DeviceIoBinding]) -> bool:
+        """Replay the captured step after refreshing bound inputs. True: still valid; False:
+        an If flipped or a segment's input changed shape, so this step ran eagerly
+        (its outputs are correct) and the graph is retired: capture again. Other bindings
+        than the capture's, or a released one, raise CaptureError."""
+        self._decode_memo.note_ineligible()
+        with thread_limit(self._threads):
+            return self._graphs.replay(
+                bindings, lambda outs, in_place: self._bindings.write_back(outs, bindings,
+                                                                           in_place),
+                lambda feeds: self._decode_memo.run_ordinary(feeds, list(bindings), self._trace),
+                self._trace)
+
+    def reset_device_graph(self) -> bool:
+        """Retire the captured graph and clear the violation word; whether one was installed.
+        Call it before rewinding a cache, changing shapes or releasing bindings."""
+        return self._graphs.reset()
+
+    def captured_graph_segment_count(self) -> int:
+        """Segments of the installed capture: 0 none, 1 the whole graph, >= 2 segmented."""
+        return self._graphs.segments if self._graphs.installed else 0
+
+    def capture_segmentation(self) -> list[CaptureDecline]:
+        """One CaptureDecline per seam of the last capture (empty for a whole capture)."""
+        return list(self._graphs.segmentation)
+
+    def check_device_capture_error(self) -> int:
+        """The latched CaptureViolation bits of captured replays (0: none); not cleared."""
+        return self._graphs.violations()
 
     # metadata ---------------------------------------------------------------
     def inputs(self) -> list[IoMeta]:

@@ -1,0 +1,501 @@
+"""The decode memo and view plan behind `run_with_device_bindings` (SPEC §7, issue #8).
+
+A decode loop through persistent bindings changes only logical lengths from step to step.
+The memo keys one specialisation on the binding layout (each binding's names, identity,
+dtype and physical shape) and the (dtype, shape) of every plain input, the bindings'
+logical shapes abstracted. A step with the memo's key (`replayed`) skips the validation of
+bound inputs (their dtype was checked at allocation; the symbolic and static dims they
+share with the model are still compared, cheaply), the specialisation-cache lookup and the
+binding-plan lookup; plain inputs are still converted and checked one by one, with the
+errors of the ordinary path. A step with another key builds anew on the ordinary path
+(`primed` the first time, `rebuilt` after).
+
+The view plan: on replayed steps a bound input whose logical shape did not change keeps
+its view object, and pure-view steps (Reshape, Squeeze, Unsqueeze, Identity, ...) whose
+data input is such a view (or a constant) and whose other inputs are constants keep their
+output from the first replay that saw the same set of unchanged bindings. That replay runs
+with hooks recording those outputs; each one that really is a view of its data input (a
+view of a persistent buffer stays right when the buffer's contents change) becomes a
+constant of a plan compiled without its step. Anything else is dispatched as usual.
+
+`decode.verify=1` recomputes every replayed step on the ordinary path from the state
+before it and raises `CaptureError` unless both agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.bindings import DeviceIoBinding, SessionBindings, store
+from onnxkiln.errors import CaptureError, InputNotFoundError, InvalidInputError, SessionError
+from onnxkiln.executor import CompiledPlan, combine_hooks
+from onnxkiln.plan import Plan, Step, lifetimes
+from onnxkiln.specialize import SpecializationCache
+from onnxkiln.threads import thread_limit
+from onnxkiln.trace import TraceContext
+from onnxkiln.validation import InputValidator
+
+__all__ = ["DecodeMemo", "elide_steps"]
+
+_UPLOAD = ("onnxkiln", "MemcpyFromHost")  # a no-op for a tensor already on the device
+
+
+class _Entry:
+    """The memo's one specialisation: what a replayed step reuses."""
+
+    __slots__ = ("appended", "bindings", "checks", "compiled", "input_slots", "key",
+                 "plain_slot", "shapes", "symbols", "template", "view_plan", "views")
+
+    def __init__(self, key: tuple, bindings: Sequence[DeviceIoBinding], compiled: CompiledPlan,
+                 appended: frozenset[str], template: list[Any], plain_slot: dict[str, int],
+                 input_slots: list[int | None], views: list[Any],
+                 shapes: list[tuple[int, ...]], checks: list[tuple[int, int, int]],
+                 symbols: list[list[tuple[int, int]]]) -> None:
+        self.key = key
+        self.bindings = tuple(bindings)  # held: their ids cannot be reused while in the key
+        self.compiled = compiled
+        self.appended = appended
+        self.template = template
+        self.plain_slot = plain_slot
+        self.input_slots = input_slots  # per binding: its input's position, None if none
+        self.views = views
+        self.shapes = shapes
+        self.checks = checks
+        self.symbols = symbols
+        self.view_plan: tuple[frozenset[int], CompiledPlan | None, int] | None = None
+
+
+class DecodeMemo:
+    """One session's decode memo: the path of `run_with_device_bindings` and its counters.
+
+    Example:
+        >>> memo = DecodeMemo(validator, cache, bindings, ["logits"], [False], None, "main", {})
+        >>> outputs = memo.run(feeds, checked_bindings, TraceContext.disabled())
+        >>> memo.counts()  # (primed, rebuilt, replayed, ineligible)
+        (1, 0, 0, 0)
+    """
+
+    def __init__(self, validator: InputValidator, cache: SpecializationCache,
+                 bindings: SessionBindings, output_names: Sequence[str],
+                 copy_outputs: Sequence[bool], threads: int | None, graph_name: str,
+                 options: Mapping[str, str]) -> None:
+        self._validator = validator
+        self._cache = cache
+        self._bindings = bindings
+        self._output_names = list(output_names)
+        self._copy_outputs = list(copy_outputs)
+        self._threads = threads
+        self._graph_name = graph_name or "main"
+        self.enabled = options.get("decode.memo", "1") != "0"
+        self.verify = options.get("decode.verify", "0") == "1"
+        self._lock = threading.Lock()
+        self._entry: _Entry | None = None
+        self._primed = self._rebuilt = self._replayed = self._ineligible = 0
+        self._views_reused = self._elided = 0
+        self._steps = 0  # eligible runs so far: the step number decode.verify reports
+
+    # counters -----------------------------------------------------------------
+    def counts(self) -> tuple[int, int, int, int]:
+        """(primed, rebuilt, replayed, ineligible) over the session's lifetime."""
+        return self._primed, self._rebuilt, self._replayed, self._ineligible
+
+    def view_plan_counts(self) -> tuple[int, int]:
+        """(views_reused, dispatch_elided) over the session's lifetime."""
+        return self._views_reused, self._elided
+
+    def note_ineligible(self) -> None:
+        """Count a run that cannot use the memo (a plain run, a captured replay...)."""
+        self._ineligible += 1
+
+    def forget(self, binding: DeviceIoBinding) -> None:
+        """Drop the entry if it uses `binding` (call on release: the entry's views would
+        keep the released buffer's memory alive)."""
+        entry = self._entry
+        if entry is not None and any(b is binding for b in entry.bindings):
+            self._entry = None
+
+    # running ------------------------------------------------------------------
+    def run_ordinary(self, feeds: dict[str, Any], bindings: list[DeviceIoBinding],
+                     trace: TraceContext) -> list[Any]:
+        """A bound run on the ordinary path, counted nowhere (a retired replay's step)."""
+        return self._ordinary(feeds, bindings, _views(bindings), trace)[0]
+
+    def run(self, feeds: dict[str, Any], bindings: list[DeviceIoBinding],
+            trace: TraceContext) -> list[Any]:
+        """One run with device bindings: `feeds` are the plain inputs by name, `bindings`
+        already checked by SessionBindings.check."""
+        if not bindings or not self.enabled or not self._lock.acquire(blocking=False):
+            # no bindings, memo off, or nested / concurrent with a memoised run
+            self._ineligible += 1
+            return self._ordinary(feeds, bindings, _views(bindings), trace)[0]
+        try:
+            return self._run_eligible(feeds, bindings, trace)
+        finally:
+            self._lock.release()
+
+    def _run_eligible(self, feeds: dict[str, Any], bindings: list[DeviceIoBinding],
+                      trace: TraceContext) -> list[Any]:
+        step = self._steps
+        self._steps += 1
+        entry = self._entry
+        if entry is not None and len(bindings) == len(entry.bindings):
+            values, plain_key = self._plain(entry, feeds)
+            key = (_layout(bindings), plain_key)
+            if key == entry.key:
+                if not self.verify:
+                    outputs = self._replay(entry, values, bindings, trace)
+                else:
+                    outputs = self._verified(entry, values, feeds, bindings, trace, step)
+                self._replayed += 1
+                return outputs
+        views = _views(bindings)
+        shapes = [b.logical_shape for b in bindings]  # of the views, before write_back
+        outputs, values, compiled, appended = self._ordinary(feeds, bindings, views, trace)
+        self._entry = self._build_entry(feeds, bindings, views, shapes, values, compiled,
+                                        appended)
+        if self._primed == 0:  # the session's first build; any later one rebuilds
+            self._primed = 1
+        else:
+            self._rebuilt += 1
+        return outputs
+
+    def _ordinary(self, feeds: dict[str, Any], bindings: list[DeviceIoBinding],
+                  views: list[Any], trace: TraceContext | None
+                  ) -> tuple[list[Any], list[Any], CompiledPlan, frozenset[str]]:
+        """Today's path: full validation, the specialisation cache, the binding plan."""
+        feeds = dict(feeds)
+        feeds.update((b.input_name, v) for b, v in zip(bindings, views) if b.input_name)
+        values, signature = self._validator.bind(feeds)
+        self._cache.get(signature)
+        compiled, appended = self._bindings.plans.get(bindings)
+        outputs = self._execute(compiled, list(values), trace)
+        self._bindings.write_back(outputs, bindings, appended)
+        return self._finish(outputs), values, compiled, appended
+
+    def _execute(self, compiled: CompiledPlan, values: list[Any], trace: TraceContext | None,
+                 hooks: Any = None) -> list[Any]:
+        with thread_limit(self._threads):
+            if trace is not None and trace.enabled:
+                with trace.run_span("model_run", graph=self._graph_name):
+                    return compiled.hooked(values, combine_hooks(hooks, compiled.tracer(trace)))
+            if hooks is not None:
+                return compiled.hooked(values, hooks)
+            return compiled(values)
+
+    def _finish(self, outputs: list[Any]) -> list[Any]:
+        for i, value in enumerate(outputs):
+            if isinstance(value, np.ndarray) and self._copy_outputs[i]:
+                outputs[i] = value.copy()
+        return outputs
+
+    def _build_entry(self, feeds: dict[str, Any], bindings: list[DeviceIoBinding],
+                     views: list[Any], shapes: list[tuple[int, ...]], values: list[Any],
+                     compiled: CompiledPlan, appended: frozenset[str]) -> _Entry:
+        specs = self._validator.by_name
+        plain_slot = {name: specs[name].position for name in feeds}
+        input_slots = [specs[b.input_name].position if b.input_name else None
+                       for b in bindings]
+        template = list(values)
+        for pos in (*plain_slot.values(), *(p for p in input_slots if p is not None)):
+            template[pos] = None
+        checks, symbols = _dim_checks(self._validator, input_slots, values)
+        key = (_layout(bindings), _plain_key(self._validator, plain_slot, values))
+        return _Entry(key, bindings, compiled, appended, template, plain_slot, input_slots,
+                      list(views), shapes, checks, symbols)
+
+    def _plain(self, entry: _Entry, feeds: dict[str, Any]) -> tuple[list[Any], tuple]:
+        """The template with the plain inputs converted and checked, and their key part."""
+        values = list(entry.template)
+        validator = self._validator
+        for name, raw in feeds.items():
+            spec = validator.by_name.get(name)
+            if spec is None:
+                raise InputNotFoundError(validator._unknown(name))
+            try:
+                values[spec.position] = validator._convert(spec, raw)
+            except SessionError:
+                raise
+            except Exception as e:  # the same wording as InputValidator.bind
+                raise InvalidInputError(
+                    f"input '{name}' ({spec.meta}) cannot be converted to an array: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+        slots = entry.plain_slot
+        if slots.keys() != feeds.keys():
+            slots = {name: validator.by_name[name].position for name in feeds}
+        return values, _plain_key(validator, slots, values)
+
+    def _replay(self, entry: _Entry, values: list[Any], bindings: list[DeviceIoBinding],
+                trace: TraceContext | None) -> list[Any]:
+        stable = []
+        shapes = [b.logical_shape for b in bindings]
+        for i, (b, pos) in enumerate(zip(bindings, entry.input_slots)):
+            if pos is None:
+                continue
+            if shapes[i] == entry.shapes[i]:
+                values[pos] = entry.views[i]
+                stable.append(i)
+            else:
+                values[pos] = entry.views[i] = b.view()
+                entry.shapes[i] = shapes[i]
+        if entry.checks or entry.symbols:
+            self._check_dims(entry, values, shapes)
+        key = frozenset(stable)
+        plan = entry.view_plan
+        if plan is not None and plan[0] == key:
+            compiled = plan[1] or entry.compiled
+            outputs = self._execute(compiled, values, trace)
+            self._views_reused += len(stable) + plan[2]
+            self._elided += plan[2]
+        else:
+            slots = {entry.input_slots[i] for i in stable}
+            candidates = _candidates(entry.compiled.plan, slots)
+            recorder = _Recorder(candidates)
+            outputs = self._execute(entry.compiled, values, trace, recorder if candidates
+                                    else None)
+            elided = _confirmed(entry.compiled.plan, slots, recorder.outs)
+            entry.view_plan = (key, elide_steps(entry.compiled, elided) if elided else None,
+                               len(elided))
+            self._views_reused += len(stable)
+        self._bindings.write_back(outputs, bindings, entry.appended)
+        return self._finish(outputs)
+
+    def _check_dims(self, entry: _Entry, values: list[Any], shapes: list[tuple[int, ...]]
+                    ) -> None:
+        """The model's dims on bound inputs, as full validation would check them: fixed
+        sizes (static dims, symbols a plain input sets) and symbols only bindings share."""
+        ok = all(shapes[i][axis] == want for i, axis, want in entry.checks) and all(
+            shapes[i][axis] == shapes[group[0][0]][group[0][1]]
+            for group in entry.symbols for i, axis in group[1:])
+        if not ok:  # the ordinary path's error: static dims first, then symbols
+            for pos in entry.input_slots:
+                if pos is not None:
+                    _static_error(self._validator, pos, values[pos])
+            self._validator._check_symbols(values)
+
+    def _verified(self, entry: _Entry, values: list[Any], feeds: dict[str, Any],
+                  bindings: list[DeviceIoBinding], trace: TraceContext | None,
+                  step: int) -> list[Any]:
+        """The replayed step, then the ordinary path from the state before it; both must
+        agree bit for bit (decode.verify=1)."""
+        provider = self._bindings.provider
+        saved = [(b, b.logical_shape, _clone(b.view())) for b in bindings
+                 if b.input_name and b.output_name]
+        memo = self._replay(entry, values, bindings, trace)
+        memo_outputs = [_host(provider, v, copy=True) for v in memo]
+        memo_bound = [(b.logical_shape, _host(provider, b.view(), copy=True))
+                      for b in bindings if b.output_name]
+        for b, shape, contents in saved:
+            b.set_logical_shape(shape)
+            store(b.tensor, tuple(slice(0, n) for n in shape), contents)
+        plain, *_ = self._ordinary(feeds, bindings, _views(bindings), None)
+        for name, got, want in zip(self._output_names, memo_outputs, plain):
+            if not _same(got, _host(provider, want)):
+                raise _mismatch(step, name, "returned value")
+        for b, (shape, got) in zip([b for b in bindings if b.output_name], memo_bound):
+            if shape != b.logical_shape or not _same(got, _host(provider, b.view())):
+                raise _mismatch(step, b.output_name, f"bound contents (logical {shape} vs "
+                                f"{b.logical_shape})")
+        return plain
+
+
+def elide_steps(compiled: CompiledPlan, recorded: Mapping[int, tuple[Step, tuple]]
+                ) -> CompiledPlan:
+    """`compiled`'s plan without the recorded steps, their outputs turned into constants.
+
+    `recorded`: step index -> (step, its outputs as the recording run made them).
+    """
+    plan: Plan = compiled.plan
+    constants = dict(plan.constants)
+    for step, outs in recorded.values():
+        written = step.outputs if step.spec.multi_output else step.outputs[:1]
+        constants.update(zip([s for s in written if s is not None], outs))
+    steps = [s for i, s in enumerate(plan.steps) if i not in recorded]
+    last_use = lifetimes(steps, plan.input_slots, plan.output_slots, constants)
+    elided = dataclasses.replace(plan, steps=steps, constants=constants, last_use=last_use)
+    return CompiledPlan(elided, compiled.inplace)
+
+
+class _Recorder:
+    """Step hooks keeping the outputs of the candidate steps of one run."""
+
+    __slots__ = ("_wanted", "outs")
+
+    def __init__(self, wanted: set[int]) -> None:
+        self._wanted = wanted
+        self.outs: dict[int, tuple[tuple, tuple]] = {}
+
+    def sizing(self, index: int, ins: tuple) -> None:
+        pass
+
+    def start(self, index: int) -> int:
+        return index
+
+    def finish(self, index: int, ins: tuple, outs: tuple) -> None:
+        if index in self._wanted:
+            self.outs[index] = (ins, outs)
+
+
+def _is_candidate(step: Step) -> bool:
+    return step.spec.view or (step.domain, step.op_type) == _UPLOAD
+
+
+def _candidates(plan: Plan, stable_slots: set[int | None]) -> set[int]:
+    """Steps that may be elided: pure views whose data input is a constant or invariant
+    view and whose other inputs are constants (host inputs are read for their values)."""
+    const = set(plan.constants)
+    views = set(stable_slots)
+    found = set()
+    for i, step in enumerate(plan.steps):
+        if not _is_candidate(step) or not step.inputs:
+            continue
+        data, *rest = step.inputs
+        if not all(s is None or s in const for s in rest):
+            continue
+        if data is None or data in const:
+            target = const
+        elif data in views:
+            target = views
+        else:
+            continue
+        target.update(s for s in step.outputs if s is not None)
+        found.add(i)
+    return found
+
+
+def _confirmed(plan: Plan, stable_slots: set[int | None],
+               recorded: Mapping[int, tuple[tuple, tuple]]) -> dict[int, tuple[Step, tuple]]:
+    """The recorded steps whose outputs really are invariant: constants in, or views of
+    their (invariant) data input out; in plan order, so a refused step refuses its users."""
+    const = set(plan.constants)
+    views = set(stable_slots)
+    elided: dict[int, tuple[Step, tuple]] = {}
+    for i in sorted(recorded):
+        step = plan.steps[i]
+        ins, outs = recorded[i]
+        data, *rest = step.inputs
+        if not all(s is None or s in const for s in rest):
+            continue
+        if data is None or data in const:
+            target = const
+        elif data in views and all(_is_view_of(o, ins[0], step) for o in outs):
+            target = views
+        else:
+            continue
+        written = step.outputs if step.spec.multi_output else step.outputs[:1]
+        if len(outs) != sum(s is not None for s in written):
+            continue
+        target.update(s for s in written if s is not None)
+        elided[i] = (step, outs)
+    return elided
+
+
+def _is_view_of(out: Any, base: Any, step: Step) -> bool:
+    """Whether `out` reads `base`'s memory (so it follows changes of its contents)."""
+    if (step.domain, step.op_type) == _UPLOAD:
+        return out is base
+    if isinstance(out, np.ndarray) and isinstance(base, np.ndarray):
+        return np.may_share_memory(out, base)  # a fresh copy never overlaps
+    storage = getattr(out, "untyped_storage", None)
+    if storage is not None and hasattr(base, "untyped_storage"):
+        return out.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    return False
+
+
+def _views(bindings: Sequence[DeviceIoBinding]) -> list[Any]:
+    return [b.view() if b.input_name else None for b in bindings]
+
+
+def _layout(bindings: Sequence[DeviceIoBinding]) -> tuple:
+    return tuple((b.input_name, b.output_name, b, b.dtype, b.physical_shape) for b in bindings)
+
+
+def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list[Any]) -> tuple:
+    on_device = validator.device is not None
+    key = []
+    for pos in sorted(slots.values()):
+        v = values[pos]
+        if isinstance(v, np.ndarray):
+            key.append((pos, v.dtype, v.shape))
+        elif on_device and hasattr(v, "shape"):
+            key.append((pos, v.dtype, tuple(v.shape)))
+        else:
+            key.append((pos, type(v), None))
+    return tuple(key)
+
+
+def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None], values: list[Any]
+                ) -> tuple[list[tuple[int, int, int]], list[list[tuple[int, int]]]]:
+    """What replays check on bound inputs' logical shapes: (binding, axis, size) for static
+    dims and for symbols a plain input also carries (its shape is in the key, so the size
+    is fixed), and groups of (binding, axis) sharing a symbol no plain input carries."""
+    binding_of = {pos: i for i, pos in enumerate(input_slots) if pos is not None}
+    fixed: dict[str, int] = {}
+    shared: dict[str, list[tuple[int, int]]] = {}
+    checks: list[tuple[int, int, int]] = []
+    for spec in validator.specs:
+        value = values[spec.position]
+        if spec.meta.shape is None or value is None or not hasattr(value, "shape"):
+            continue
+        i = binding_of.get(spec.position)
+        for axis, dim in enumerate(spec.meta.shape):
+            if i is None:
+                if isinstance(dim, str):
+                    fixed[dim] = int(value.shape[axis])
+            elif isinstance(dim, int):
+                checks.append((i, axis, dim))
+            elif isinstance(dim, str):
+                shared.setdefault(dim, []).append((i, axis))
+    symbols = []
+    for dim, axes in shared.items():
+        if dim in fixed:
+            checks.extend((i, axis, fixed[dim]) for i, axis in axes)
+        elif len(axes) > 1:
+            symbols.append(axes)
+    return checks, symbols
+
+
+def _static_error(validator: InputValidator, pos: int, value: Any) -> None:
+    from onnxkiln.validation import _check_shape
+
+    _check_shape(validator.specs[pos].meta, value)
+
+
+def _clone(value: Any) -> Any:
+    return value.copy() if isinstance(value, np.ndarray) else value.clone()
+
+
+def _host(provider: Any, value: Any, copy: bool = False) -> Any:
+    if value is None or isinstance(value, list | dict):
+        return value
+    host = provider.to_host(value)
+    return np.array(host, copy=True) if copy else np.asarray(host)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.kind in "fc":
+            return bool(np.array_equal(a, b, equal_nan=True))
+        if a.dtype.kind in "biuO":
+            return bool(np.array_equal(a, b))
+        return a.tobytes() == b.tobytes()  # bfloat16, float8...: bitwise
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a is b or a == b
+
+
+def _mismatch(step: int, name: str | None, what: str) -> CaptureError:
+    return CaptureError(
+        f"decode.verify: memoised decode step {step} differs from the ordinary path in "
+        f"output '{name}' ({what}); the memo or view plan reused something that changed "
+        "(a bug in onnxkiln; please report it with the model)")
+

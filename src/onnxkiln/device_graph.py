@@ -1,0 +1,377 @@
+"""One session's captured device graph: capture, replay, reset, and what they report
+(SPEC §7). The audit is onnxkiln.capture; recording and the parts are onnxkiln.replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxkiln import capture, replay
+from onnxkiln.bindings import DeviceIoBinding
+from onnxkiln.errors import CaptureError
+from onnxkiln.executor import CompiledPlan
+from onnxkiln.plan import Plan, Step
+from onnxkiln.trace import StepTracer, TraceContext, step_meta
+from onnxkiln.types import Captured, CaptureDecline, NotCapturable
+
+__all__ = ["CaptureContext", "DeviceGraphs"]
+
+APPEND_VARIANT = "concat.kv_append_in_place"
+
+
+@dataclass
+class CaptureContext:
+    """The session facts a capture needs."""
+
+    graph: ir.Graph
+    input_names: list[str]
+    output_names: list[str]
+    plain: CompiledPlan  # the session's ordinary plan (the growth probe runs it)
+    provider: Any  # the bindings' provider (device, or the CPU)
+    device_provider: str | None  # its name on a device session, else None
+    fallback_reasons: dict[int, str] = field(default_factory=dict)
+    allow_seams: bool = True
+
+
+@dataclass
+class _Installed:
+    bindings: dict[int, tuple[DeviceIoBinding, Any]]  # id -> (binding, its tensor)
+    fixed_logical: list[tuple[DeviceIoBinding, tuple[int, ...]]]  # non-growing bound inputs
+    env_inputs: list[tuple[int, Any]]  # (slot, stable value) set before every replay
+    growing_inputs: list[tuple[int, DeviceIoBinding]]  # slots re-sliced every replay
+    parts: list[replay.Part]
+    outputs: list[tuple[int, Any]]  # plan output slots; static ones carry their value
+    n_slots: int
+    in_place: frozenset[str]
+    frozen_feeds: dict[str, Any]
+    stores: list[_Store] = field(default_factory=list)
+
+
+@dataclass
+class _Store:
+    """Where one bound output goes after a replay: `target` is the binding's region of the
+    capture-time shape (None: written in place by its kernel, only the logical shape moves)."""
+
+    position: int
+    binding: DeviceIoBinding
+    shape: tuple[int, ...]
+    target: Any
+
+
+class DeviceGraphs:
+    """The installed capture of one session and its counters."""
+
+    def __init__(self, ctx: CaptureContext) -> None:
+        self._ctx = ctx
+        self._installed: _Installed | None = None
+        self.segments = 0
+        self.segmentation: list[CaptureDecline] = []
+        self._word: Any = None
+        self._retired_by = ""  # why the last graph went, when a release retired it
+
+    # capture ------------------------------------------------------------------------
+    def capture(self, values: list[Any], bindings: Sequence[DeviceIoBinding],
+                compiled: CompiledPlan, in_place: frozenset[str], trace: TraceContext,
+                write_back: Callable[[list[Any]], None]) -> Captured | NotCapturable:
+        """Audit, then run the step once recording it; install the replay."""
+        ctx, plan = self._ctx, compiled.plan
+        slot_of = dict(zip(ctx.input_names, plan.input_slots))
+        bound = {slot_of[b.input_name]: b for b in bindings if b.input_name}
+        growing = _growing_bindings(plan, ctx, bindings, slot_of)
+        frozen = frozenset(s for s in plan.input_slots if s not in bound)
+        for i, s in enumerate(plan.input_slots):  # plain inputs are frozen: keep our copy
+            if s in frozen and values[i] is not None:
+                values[i] = _copy(values[i])
+        grown = self._probe(values, plan, growing) if growing else frozenset()
+        facts = capture.AuditInputs(
+            frozen, frozenset(growing), grown,
+            ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
+                      in growing), ctx.device_provider, ctx.fallback_reasons, frozenset(bound))
+        audit = capture.audit(plan, ctx.graph, facts)
+        refused = self._refusal(audit)
+        if refused is not None:
+            return refused
+        self.reset()
+        recorder = replay.Recorder(plan)
+        hooks: Any = recorder
+        if trace.enabled:
+            hooks = _with_tracer(recorder, plan, audit, trace)
+        if trace.enabled:
+            with trace.run_span("model_capture", graph=ctx.graph.name or "main"):
+                outputs = compiled.hooked(values, hooks)
+        else:
+            outputs = compiled.hooked(values, hooks)
+        recorder.values.update(zip(plan.input_slots, values))
+        self._install(plan, audit, recorder.values, values, bindings, bound, growing,
+                      in_place, slot_of)
+        self.segments = max(audit.segment_count(), 1)
+        self.segmentation = list(audit.declines)
+        shapes = [tuple(getattr(v, "shape", ())) for v in outputs]
+        write_back(outputs)
+        self._installed.stores = _stores(ctx.output_names, bindings, in_place, shapes)
+        return Captured(outputs, self.segments)
+
+    def _refusal(self, audit: capture.Audit) -> NotCapturable | None:
+        if audit.declines and (not self._ctx.allow_seams or audit.captured_steps == 0):
+            return NotCapturable(list(audit.declines))
+        return None
+
+    def _probe(self, values: list[Any], plan: Plan, growing: dict[int, int]) -> frozenset[int]:
+        """Slots whose shape changes when the appended bindings' past grows by one: the
+        ordinary plan runs on copies at the current length and one longer."""
+        shapes = []
+        for extra in (0, 1):
+            feed = [(_extended(v, growing[s], extra) if s in growing else v)
+                    for s, v in zip(self._ctx.plain.plan.input_slots, values)]
+            rec = replay.Recorder(self._ctx.plain.plan, shapes_only=True)
+            try:
+                self._ctx.plain.hooked(feed, rec)
+            except Exception:  # then every value downstream of a growing input grows
+                return _downstream(plan, set(growing))
+            shapes.append(rec.values)
+        grown = {s for s, shape in shapes[0].items() if shapes[1].get(s) != shape}
+        grown |= set(growing)
+        for step in plan.steps:  # copy steps of the bound plan follow their input
+            if step.node_id < 0 and step.inputs and step.inputs[0] in grown:
+                grown.update(s for s in step.outputs if s is not None)
+        return frozenset(grown)
+
+    def _install(self, plan: Plan, audit: capture.Audit, recorded: dict[int, Any],
+                 values: list[Any], bindings: Sequence[DeviceIoBinding],
+                 bound: dict[int, DeviceIoBinding], growing: dict[int, int],
+                 in_place: frozenset[str], slot_of: dict[str, int]) -> None:
+        baked = dict(plan.constants)
+        for i, st in enumerate(plan.steps):
+            if audit.static[i]:
+                baked.update((s, recorded[s]) for s in st.outputs if s is not None)
+        frozen_slots = {s for s in plan.input_slots if s not in bound}
+        baked.update((s, recorded[s]) for s in frozen_slots if s in recorded)
+        stable = {s for s in bound if s not in growing}
+        word = self._violation_word()
+        inp = replay.PartsInput(plan, audit, recorded, baked, stable,
+                                _changing_conditions(plan, self._ctx.graph, audit, baked),
+                                lambda st: _safe_kernel(st, self._ctx.graph, word),
+                                self._recorder_for())
+        parts = replay.build_parts(inp)
+        self._installed = _Installed(
+            {id(b): (b, b.tensor) for b in bindings},
+            [(b, b.logical_shape) for s, b in bound.items() if s not in growing],
+            [(s, recorded[s]) for s in stable],
+            [(s, b) for s, b in bound.items() if s in growing],
+            parts,
+            [(s, baked.get(s, _LIVE)) for s in plan.output_slots],
+            len(plan.slot_names), in_place,
+            {n: recorded[s] for n, s in slot_of.items() if s in frozen_slots and s in recorded})
+
+    def _violation_word(self) -> Any:
+        if self._word is None:
+            from onnxkiln.capture_safe import ViolationWord
+
+            self._word = ViolationWord.for_provider(self._ctx.provider)
+        return self._word
+
+    def _recorder_for(self) -> Callable[..., Any] | None:
+        device = getattr(self._ctx.provider, "torch_device", None)
+        if device is None or device.type != "cuda":
+            return None
+        import torch
+
+        pool = torch.cuda.graph_pool_handle()
+
+        def record(compiled: CompiledPlan, args: Sequence[Any], stable: Sequence[bool],
+                   part: replay.Part) -> replay.CudaSegment:
+            label = f"{part.steps[0]}..{part.steps[-1]}"
+            return replay.CudaSegment(compiled, args, stable, pool, device, label)
+
+        return record
+
+    # replay -------------------------------------------------------------------------
+    def replay(self, bindings: Sequence[DeviceIoBinding],
+               write_back: Callable[[list[Any], frozenset[str]], None],
+               eager: Callable[[dict[str, Any]], None], trace: TraceContext) -> bool:
+        """Replay the installed step; False when it retired (the step ran correctly)."""
+        g = self._installed
+        if g is None:
+            raise CaptureError(f"no captured device graph is installed{self._retired_by}; call "
+                               "try_capture_with_device_bindings first (or again after "
+                               "reset_device_graph / a retired replay)")
+        self._check_signature(g, bindings)
+        for b, shape in g.fixed_logical:
+            if b._logical != shape:  # a fixed binding changed length: the graph baked it in
+                eager(g.frozen_feeds)
+                self.reset()
+                return False
+        env: list[Any] = [None] * g.n_slots
+        for s, v in g.env_inputs:
+            env[s] = v
+        for s, b in g.growing_inputs:
+            env[s] = b.view()
+        if trace.enabled:
+            with trace.run_span("model_replay", graph=self._ctx.graph.name or "main"):
+                valid = replay.run_parts(g.parts, env, trace)
+        else:
+            valid = replay.run_parts(g.parts, env)
+        outputs = [env[s] if v is _LIVE else v for s, v in g.outputs]
+        if not _store(g.stores, outputs):
+            write_back(outputs, g.in_place)
+        if not valid:
+            self.reset()
+        return valid
+
+    def _check_signature(self, g: _Installed, bindings: Sequence[DeviceIoBinding]) -> None:
+        if len(bindings) != len(g.bindings) or {id(b) for b in bindings} != g.bindings.keys():
+            names = sorted(b.input_name or b.output_name or "?" for b, _ in g.bindings.values())
+            raise CaptureError(f"replay_device_graph needs the bindings of the capture "
+                               f"({names}), the same objects; got {list(bindings)!r}")
+        for b, tensor in g.bindings.values():
+            if b.released or b.tensor is not tensor:
+                raise CaptureError(f"{b!r} was released or its buffer replaced since the "
+                                   "capture; reset_device_graph() and capture again")
+
+    def forget(self, binding: DeviceIoBinding) -> None:
+        """Retire the graph when a binding it uses is released."""
+        if self._installed is not None and id(binding) in self._installed.bindings:
+            self.reset()
+            self._retired_by = f" (the last one was retired when {binding!r} was released)"
+
+    def reset(self) -> bool:
+        """Drop the installed graph and clear the violation word; whether one was there."""
+        self._retired_by = ""
+        had = self._installed is not None
+        self._installed = None
+        if self._word is not None:
+            self._word.clear()
+        return had
+
+    @property
+    def installed(self) -> bool:
+        return self._installed is not None
+
+    def violations(self) -> int:
+        """The latched violation bits (0: none)."""
+        return 0 if self._word is None else int(self._word.read())
+
+
+_LIVE = object()  # marks an output slot whose value comes from the replay
+
+
+def _stores(names: Sequence[str], bindings: Sequence[DeviceIoBinding],
+            in_place: frozenset[str], shapes: Sequence[tuple[int, ...]]) -> list[_Store]:
+    by_output = {b.output_name: b for b in bindings if b.output_name}
+    stores = []
+    for i, (name, shape) in enumerate(zip(names, shapes)):
+        b = by_output[name]
+        region = tuple(slice(0, n) for n in shape) or ...  # a 0-d view, not a scalar copy
+        target = None if name in in_place else b.tensor[region]
+        stores.append(_Store(i, b, shape, target))
+    return stores
+
+
+def _store(stores: Sequence[_Store], outputs: list[Any]) -> bool:
+    """Write the outputs to their bindings when each has its capture-time shape (False:
+    none written, the general write-back must run)."""
+    for st in stores:
+        if st.target is not None and tuple(outputs[st.position].shape) != st.shape:
+            return False
+    for st in stores:
+        value, outputs[st.position] = outputs[st.position], None
+        if st.target is None:
+            st.binding._logical = tuple(value.shape)
+        elif isinstance(st.target, np.ndarray):
+            np.copyto(st.target, value)
+            st.binding._logical = st.shape
+        else:
+            if isinstance(value, np.ndarray):  # computed by a host node
+                import torch
+
+                value = torch.from_numpy(value)
+            st.target.copy_(value)
+            st.binding._logical = st.shape
+    return True
+
+
+def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[DeviceIoBinding],
+                      slot_of: dict[str, int]) -> dict[int, int]:
+    """Input slot -> axis of each binding whose output is appended in place (a KV cache
+    that grows every step)."""
+    out_slot = dict(zip(ctx.output_names, plan.output_slots))
+    producer = {s: st for st in plan.steps for s in st.outputs if s is not None}
+    growing: dict[int, int] = {}
+    for b in bindings:
+        if not (b.input_name and b.output_name):
+            continue
+        step = producer.get(out_slot[b.output_name])
+        if step is None or getattr(step.kernel, "variant", "") != APPEND_VARIANT:
+            continue
+        axis = ctx.graph.node(step.node_id).attributes["axis"].as_int()
+        growing[slot_of[b.input_name]] = axis % len(b.physical_shape)
+    return growing
+
+
+def _extended(value: Any, axis: int, extra: int) -> Any:
+    """A copy of `value` with `extra` more positions (zeros) on `axis`."""
+    shape = list(value.shape)
+    n = shape[axis]
+    shape[axis] += extra
+    region = (slice(None),) * axis + (slice(0, n),)
+    if isinstance(value, np.ndarray):
+        out = np.zeros(shape, value.dtype)
+    else:
+        import torch
+
+        out = torch.zeros(shape, dtype=value.dtype, device=value.device)
+    out[region] = value
+    return out
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    clone = getattr(value, "clone", None)
+    return clone() if callable(clone) else value
+
+
+def _downstream(plan: Plan, slots: set[int]) -> frozenset[int]:
+    reach = set(slots)
+    for step in plan.steps:
+        if any(s in reach for s in step.inputs if s is not None):
+            reach.update(s for s in step.outputs if s is not None)
+    return frozenset(reach)
+
+
+def _changing_conditions(plan: Plan, graph: ir.Graph, audit: capture.Audit,
+                         baked: dict[int, Any]) -> dict[int, int]:
+    """Step index -> condition slot of each eager If whose condition is not static."""
+    return {i: st.inputs[0] for i, st in enumerate(plan.steps)
+            if st.op_type == "If" and st.domain == "" and not audit.static[i]
+            and st.inputs and st.inputs[0] is not None and st.inputs[0] not in baked}
+
+
+def _safe_kernel(step: Step, graph: ir.Graph, word: Any) -> Any:
+    from onnxkiln.capture_safe import capture_safe_kernel
+
+    attrs = {}
+    if step.node_id >= 0:
+        attrs = {k: a.value for k, a in graph.node(step.node_id).attributes.items()}
+    safe = capture_safe_kernel(step, attrs, word)
+    return step.kernel if safe is None else safe
+
+
+def _with_tracer(recorder: replay.Recorder, plan: Plan, audit: capture.Audit,
+                 trace: TraceContext) -> Any:
+    """Recording hooks plus spans carrying capture_status / capture_reason."""
+    from onnxkiln.executor import HookPair
+
+    meta = []
+    for (name, kernel, variant, static), seam, is_static in zip(
+            step_meta(plan.steps, "main"), audit.seams, audit.static):
+        status = "static" if is_static else ("seam" if seam else "captured")
+        reason = seam[1] if seam else ("computed once at capture: it reads only constants, "
+                                       "frozen inputs and fixed shapes" if is_static else "")
+        meta.append((name, kernel, variant,
+                     {**static, "capture_status": status, "capture_reason": reason}))
+    return HookPair(recorder, StepTracer(trace, meta))

@@ -1,0 +1,272 @@
+"""Recording a bound decode step and replaying it (SPEC §7, second half).
+
+A capture runs the step once, eagerly, keeping every value. The plan is then cut into
+parts in order: captured segments (runs of recorded steps) and seams (runs of steps the
+audit in onnxkiln.capture sent back to eager execution). Static steps are gone: their values
+from the capture run are constants of the parts that read them.
+
+- On the host a captured segment is a pre-bound replay list: generated straight-line code
+  over the segment's steps, no validation, no registry lookup, and every elementwise step
+  writing into the buffer it produced at capture (`out=`), so a replay allocates nothing
+  for those steps. Index kernels are swapped for capture-safe ones that clamp and flag.
+- On CUDA each segment is a torch CUDA graph recorded in one private memory pool after a
+  warm-up on a side stream; values that a seam hands to a segment are copied into the
+  segment's static inputs before its replay.
+
+A replay checks the bindings, runs the parts, and writes bound outputs. When a value
+entering a segment has another shape than at capture, or an If picked the other branch,
+the rest of the step runs eagerly (its outputs stay correct) and the graph is retired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.capture import Audit
+from onnxkiln.errors import CaptureError
+from onnxkiln.executor import CompiledPlan
+from onnxkiln.plan import Plan, Step, lifetimes
+from onnxkiln.trace import TraceContext
+
+__all__ = ["Part", "Recorder", "build_parts", "run_parts"]
+
+
+class Recorder:
+    """Step hooks keeping each step's output values by slot (or only their shapes)."""
+
+    __slots__ = ("_outs", "shapes_only", "values")
+
+    def __init__(self, plan: Plan, shapes_only: bool = False) -> None:
+        self.values: dict[int, Any] = {}
+        self.shapes_only = shapes_only
+        self._outs = [[s for s in (st.outputs if st.spec.multi_output else st.outputs[:1])
+                       if s is not None] for st in plan.steps]
+
+    def sizing(self, index: int, ins: tuple) -> None:
+        pass
+
+    def start(self, index: int) -> int:
+        return index
+
+    def finish(self, index: int, ins: tuple, outs: tuple) -> None:
+        for s, v in zip(self._outs[index], outs):
+            self.values[s] = _shape(v) if self.shapes_only else v
+
+
+def _shape(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else type(value)
+
+
+@dataclass
+class Part:
+    """A run of plan steps replayed together: `captured` ones recorded, seams eager.
+
+    `run(args)` takes the values of `entry` slots and returns those of `exit`; `eager` is
+    the plain version of a captured part (taken once a replay retires the graph).
+    `guards`: entry positions and the shapes they had at capture. `branches`: If steps'
+    condition slots and the branch taken at capture.
+    """
+
+    captured: bool
+    steps: list[int]
+    entry: list[int]
+    exit: list[int]
+    run: Callable[[Sequence[Any]], list[Any]]
+    eager: Callable[[Sequence[Any]], list[Any]] | None = None
+    guards: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    branches: list[tuple[int, bool]] = field(default_factory=list)
+
+
+def run_parts(parts: Sequence[Part], env: list[Any], trace: TraceContext | None = None
+              ) -> bool:
+    """Run the parts over the slot values in `env`; False when the graph must retire (a
+    segment's input changed shape or an If flipped: the rest ran eagerly). With `trace`,
+    seams get one span per op and each captured segment one span."""
+    valid = True
+    for part in parts:
+        args = [env[s] for s in part.entry]
+        if valid and part.guards:
+            for pos, shape in part.guards:
+                if tuple(args[pos].shape) != shape:
+                    valid = False
+                    break
+        run = part.run if valid or part.eager is None else part.eager
+        if trace is None:
+            outs = run(args)
+        else:
+            outs = _traced(part, run, args, trace, valid)
+        for s, v in zip(part.exit, outs):
+            env[s] = v
+        for slot, taken in part.branches:
+            if bool(env[slot]) != taken:
+                valid = False
+    return valid
+
+
+def _traced(part: Part, run: Callable[[Sequence[Any]], list[Any]], args: list[Any],
+            trace: TraceContext, valid: bool) -> list[Any]:
+    if not part.captured or not valid:
+        eager = part.run if not part.captured else part.eager
+        return eager.hooked(args, eager.tracer(trace))  # type: ignore[union-attr]
+    with trace.run_span("captured_segment", capture_status="replayed",
+                        steps=len(part.steps), first_step=part.steps[0],
+                        last_step=part.steps[-1]):
+        return run(args)
+
+
+def split(plan: Plan, audit: Audit) -> list[tuple[bool, list[int]]]:
+    """Non-static step indices grouped into maximal captured / seam runs, in order."""
+    groups: list[tuple[bool, list[int]]] = []
+    for i in range(len(plan.steps)):
+        if audit.static[i]:
+            continue
+        captured = audit.seams[i] is None
+        if groups and groups[-1][0] == captured:
+            groups[-1][1].append(i)
+        else:
+            groups.append((captured, [i]))
+    return groups
+
+
+@dataclass
+class PartsInput:
+    """What building the parts needs from the capture run."""
+
+    plan: Plan
+    audit: Audit
+    values: dict[int, Any]  # every slot's value in the capture run (inputs included)
+    baked: dict[int, Any]  # constants and static values
+    stable: set[int]  # slots whose object is the same on every replay (fixed binding views)
+    cond_slots: dict[int, int]  # step index of an If with a changing condition -> its slot
+    kernel_for: Callable[[Step], Any]  # the capture-safe kernel of a recorded step
+    record: Callable[..., Any] | None = None  # CUDA: (compiled, args, stable) -> Segment
+
+
+def build_parts(inp: PartsInput) -> list[Part]:
+    """The parts of a replay (see the module docstring)."""
+    plan, groups = inp.plan, split(inp.plan, inp.audit)
+    later_reads: list[set[int]] = []
+    needed = set(plan.output_slots)
+    for _, idx in reversed(groups):
+        later_reads.append(set(needed))
+        for i in idx:
+            needed.update(s for s in plan.steps[i].inputs if s is not None)
+    later_reads.reverse()
+    parts: list[Part] = []
+    from_segment: set[int] = set()  # CUDA: exits of recorded segments keep their objects
+    for (captured, idx), later in zip(groups, later_reads):
+        steps = [plan.steps[i] for i in idx]
+        produced = {s for st in steps for s in st.outputs if s is not None}
+        entry: list[int] = []
+        for st in steps:
+            for s in st.inputs:
+                if s is not None and s not in produced and s not in inp.baked and s not in entry:
+                    entry.append(s)
+        exit_ = [s for st in steps for s in st.outputs
+                 if s is not None and s in later and s not in inp.baked]
+        consts = {s: inp.baked[s] for st in steps for s in st.inputs if s in inp.baked}
+        eager = CompiledPlan(_sub_plan(plan, steps, entry, exit_, consts), inplace=False)
+        part = Part(captured, idx, entry, exit_, eager)
+        if captured:
+            _make_captured(part, inp, steps, consts, from_segment)
+            from_segment.update(exit_)
+        else:
+            part.branches = [(inp.cond_slots[i], bool(inp.values[inp.cond_slots[i]]))
+                             for i in idx if i in inp.cond_slots]
+        parts.append(part)
+    return parts
+
+
+def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[int, Any],
+                   from_segment: set[int]) -> None:
+    """Turn a captured part into its replay form (prealloc'd list or a CUDA graph)."""
+    part.eager, plan = part.run, inp.plan
+    stable = inp.stable | from_segment
+    part.guards = [(k, tuple(inp.values[s].shape)) for k, s in enumerate(part.entry)
+                   if s not in stable and hasattr(inp.values[s], "shape")]
+    safe = [dataclasses.replace(st, kernel=inp.kernel_for(st)) for st in steps]
+    if inp.record is None:
+        safe = _preallocated(safe, inp.values, consts, part.entry)
+        part.run = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
+                                inplace=False)
+        return
+    compiled = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
+                            inplace=False)
+    args = [inp.values[s] for s in part.entry]
+    part.run = inp.record(compiled, args, [s in stable for s in part.entry], part)
+
+
+def _preallocated(steps: list[Step], values: dict[int, Any], consts: dict[int, Any],
+                  entry: Sequence[int]) -> list[Step]:
+    """Elementwise steps (ufuncs, kernels taking `out=`) write into their capture-time
+    output buffer: one the step owns alone, never an input, constant or other buffer."""
+    foreign = {id(values[s]) for s in entry} | {id(v) for v in consts.values()}
+    taken: set[int] = set()
+    out = []
+    for st in steps:
+        buf = values.get(st.outputs[0]) if st.outputs and st.outputs[0] is not None else None
+        takes_out = isinstance(st.kernel, np.ufunc) or bool(st.spec.inplace)
+        if (takes_out and not st.spec.multi_output and type(buf) is np.ndarray
+                and buf.base is None and buf.flags.writeable and buf.flags.c_contiguous
+                and id(buf) not in foreign and id(buf) not in taken):
+            taken.add(id(buf))
+            kernel = functools.partial(st.kernel, out=buf)
+            st = dataclasses.replace(st, kernel=_named(kernel, st.kernel))
+        out.append(st)
+    return out
+
+
+def _named(kernel: functools.partial, inner: Any) -> functools.partial:
+    variant = getattr(inner, "variant", None)
+    if variant is not None:
+        kernel.variant = variant  # type: ignore[attr-defined]
+    return kernel
+
+
+def _sub_plan(plan: Plan, steps: list[Step], entry: list[int], exit_: list[int],
+              consts: dict[int, Any]) -> Plan:
+    last = lifetimes(steps, entry, exit_, consts)
+    return Plan(list(steps), plan.slot_names, list(entry), {}, list(exit_), dict(consts), last,
+                [False] * len(exit_))
+
+
+class CudaSegment:
+    """One captured segment as a torch CUDA graph with static inputs and outputs."""
+
+    def __init__(self, compiled: CompiledPlan, args: Sequence[Any], stable: Sequence[bool],
+                 pool: Any, device: Any, label: str) -> None:
+        import torch
+
+        for a in args:
+            if not isinstance(a, torch.Tensor):
+                raise CaptureError(f"segment {label}: an input is a {type(a).__name__}, not a "
+                                   "device tensor; it cannot be bound into a CUDA graph")
+        self.inputs = [a if keep else a.clone() for a, keep in zip(args, stable)]
+        self._copy = [i for i, keep in enumerate(stable) if not keep]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
+            compiled(self.inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.outputs = compiled(self.inputs)
+        except Exception as e:
+            raise CaptureError(f"recording segment {label} failed: {type(e).__name__}: {e}. A "
+                               "kernel in it synchronises with the host without declaring it "
+                               "(KernelSpec.capture); run this model eagerly") from e
+
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
+        inputs = self.inputs
+        for i in self._copy:
+            inputs[i].copy_(args[i])
+        self.graph.replay()
+        return self.outputs
