@@ -17,12 +17,15 @@ logits back on the host, argmax. Modes:
            replay_device_graph after binding.write() of the new token/position/mask
   torch    the same computation written in plain torch (TorchStaticGpt), eager
   torch-cg that forward recorded in a torch.cuda.CUDAGraph (CUDA only), inputs .copy_()'d in
+  grow-eager / grow-replay   the growing-KV model (`zoo.gpt_decoder_step`, same weights: the
+           KV appended in place each step) eagerly, and replayed from a segmented capture
+           (the cache-length-dependent nodes run as seams between recorded segments)
 
 "ms/step" is the median over the steady steps (all but the first of each decode loop; for
 replay all but the warm and the capture step); "first ms" is the first step (specialisation).
-Greedy tokens must agree across modes: a mismatch is printed with the first differing step
-and the exit status is 1. A mode whose API is missing (e.g. capture not landed yet) or that
-fails prints its error in its row; the other modes still run.
+Greedy tokens must agree across modes (the grow-* modes among themselves): a mismatch is
+printed with the first differing step and the exit status is 1. A mode whose API is missing
+or that fails prints its error in its row; the other modes still run.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import onnxkiln as ok
 from onnxkiln import zoo
 
 FIRST_TOKEN = 464
-MODES = ("eager", "memo", "replay", "torch", "torch-cg")
+MODES = ("eager", "memo", "replay", "torch", "torch-cg", "grow-eager", "grow-replay")
 
 
 # --- torch reference ------------------------------------------------------------------------
@@ -220,7 +223,7 @@ def _reset(binds: list) -> None:
 
 
 def _sync_of(session: ok.InferenceSession) -> Callable[[], None]:
-    provider = getattr(session, "_device_provider", None)
+    provider = session._bindings.provider
     return getattr(provider, "synchronize", None) or (lambda: None)
 
 
@@ -298,6 +301,52 @@ def mode_replay(model, cfg, capacity, steps, device, repeat) -> dict:
     return result
 
 
+def mode_grow(cfg, capacity, steps, device, repeat, capture: bool) -> dict:
+    """The growing-KV decoder: eager (decode.memo=0, input_ids fed) or replayed from a
+    segmented capture (input_ids and logits bound; the first step eager, the second
+    captured)."""
+    session, _ = _session(zoo.gpt_decoder_step(cfg), device, None if capture else False)
+    nh, dh = cfg.heads, cfg.hidden // cfg.heads
+    kv = [session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
+                                          ok.DataType.FLOAT, (1, nh, capacity, dh),
+                                          (1, nh, 0, dh))
+          for i in range(cfg.layers) for kv in ("key", "value")]
+    ids = session.allocate_device_binding("input_ids", None, ok.DataType.INT64, (1, 1), (1, 1))
+    logits_b = session.allocate_device_output_binding("logits", ok.DataType.FLOAT,
+                                                      (1, 1, cfg.vocab), (1, 1, cfg.vocab))
+    binds = [*kv, ids, logits_b]
+    state = {"captured": False, "segments": 0, "retired": 0}
+
+    def step(i, token, feeds):
+        if not capture:
+            return session.run_with_device_bindings({"input_ids": feeds["input_ids"]}, kv)[0]
+        ids.write(feeds["input_ids"])
+        if state["captured"]:
+            if not session.replay_device_graph(binds):
+                state["captured"], state["retired"] = False, state["retired"] + 1
+        elif i == 0:
+            session.run_with_device_bindings({}, binds)  # warm eager step before capture
+        else:
+            if not session.try_capture_with_device_bindings({}, binds).captured:
+                raise RuntimeError("NotCapturable")
+            state["captured"] = True
+            state["segments"] = session.captured_graph_segment_count()
+        return logits_b.read()
+
+    def reset():
+        session.reset_device_graph()
+        state["captured"] = False
+        for b in kv:
+            b.set_logical_shape((1, nh, 0, dh))
+
+    result = _repeat(_Loop(steps, capacity, _sync_of(session)), step, repeat, reset, cfg.vocab,
+                     skip=2 if capture else 1)
+    if capture:
+        result.update(segments=state["segments"], retired=state["retired"],
+                      capture_error=session.check_device_capture_error())
+    return result
+
+
 def mode_torch(model, cfg, capacity, steps, device, repeat, graph: bool) -> dict:
     """The plain-torch reference, eager or replayed from a torch.cuda.CUDAGraph."""
     ref = TorchStaticGpt(model, cfg, capacity, "cuda" if device.startswith("cuda") else "cpu")
@@ -349,6 +398,8 @@ def measure(cfg: zoo.GptConfig, capacity: int, steps: int, device: str, repeat: 
         "replay": lambda: mode_replay(model, cfg, capacity, steps, device, repeat),
         "torch": lambda: mode_torch(model, cfg, capacity, steps, device, repeat, graph=False),
         "torch-cg": lambda: mode_torch(model, cfg, capacity, steps, device, repeat, graph=True),
+        "grow-eager": lambda: mode_grow(cfg, capacity, steps, device, repeat, capture=False),
+        "grow-replay": lambda: mode_grow(cfg, capacity, steps, device, repeat, capture=True),
     }
     results = {}
     for mode in modes:
@@ -365,21 +416,24 @@ def measure(cfg: zoo.GptConfig, capacity: int, steps: int, device: str, repeat: 
 
 
 def compare_tokens(results: dict) -> list[str]:
-    """Mismatch descriptions (empty: all modes that ran produced the same tokens)."""
-    ran = [(m, r) for m, r in results.items() if "tokens" in r]
+    """Mismatch descriptions (empty: the modes of each model produced the same tokens)."""
     problems = []
-    if not ran:
-        return problems
-    base_mode, base = ran[0]
-    for mode, r in ran[1:]:
-        if r["tokens"] == base["tokens"]:
+    for grow in (False, True):
+        ran = [(m, r) for m, r in results.items()
+               if "tokens" in r and m.startswith("grow-") == grow]
+        if not ran:
             continue
-        i = next(j for j, (a, b) in enumerate(zip(r["tokens"], base["tokens"])) if a != b)
-        top = np.sort(base["logits"][i])[-2:]
-        diff = float(np.abs(r["logits"][i] - base["logits"][i]).max())
-        problems.append(f"TOKEN MISMATCH: {mode} differs from {base_mode} first at step {i} "
-                        f"({r['tokens'][i]} vs {base['tokens'][i]}); {base_mode}'s top-2 logit "
-                        f"margin there {float(top[1] - top[0]):.3g}, max |logit diff| {diff:.3g}")
+        base_mode, base = ran[0]
+        for mode, r in ran[1:]:
+            if r["tokens"] == base["tokens"]:
+                continue
+            i = next(j for j, (a, b) in enumerate(zip(r["tokens"], base["tokens"])) if a != b)
+            top = np.sort(base["logits"][i])[-2:]
+            diff = float(np.abs(r["logits"][i] - base["logits"][i]).max())
+            problems.append(
+                f"TOKEN MISMATCH: {mode} differs from {base_mode} first at step {i} "
+                f"({r['tokens'][i]} vs {base['tokens'][i]}); {base_mode}'s top-2 logit "
+                f"margin there {float(top[1] - top[0]):.3g}, max |logit diff| {diff:.3g}")
     return problems
 
 
@@ -411,16 +465,24 @@ def report(results: dict, device: str, cfg: zoo.GptConfig, capacity: int, steps:
         if "memo_counts" in r:
             notes.append("memo (primed, rebuilt, replayed, ineligible) = "
                          f"{tuple(r['memo_counts'])}")
+        if mode == "grow-replay":
+            notes.append(f"segments {r['segments']}, retired {r['retired']}, capture error "
+                         f"{r['capture_error']}")
         if mode == "replay":
             notes.append(f"capture step {r['second_ms']:.2f} ms, segments {r['segments']}, "
                          f"captures {r['captures']}, retired {r['retired']}, capture error "
                          f"{r['capture_error']}")
-        ratio = f"{r['ms'] / base:.2f}x" if base else "-"
+        ref = results.get("grow-eager", {}).get("ms") if mode.startswith("grow-") else base
+        ratio = f"{r['ms'] / ref:.2f}x" if ref else "-"
         print(f"{mode:<9} {r['ms']:>9.3f} {1e3 / r['ms']:>8.1f} {ratio:>9} "
               f"{r['first_ms']:>9.2f}  {'; '.join(notes)}")
         summary["modes"][mode] = {k: v for k, v in r.items() if k != "logits"}
     ms = {m: r["ms"] for m, r in results.items() if "ms" in r}
-    ratios = {f"{m}/eager": ms[m] / ms["eager"] for m in ms if m != "eager" and "eager" in ms}
+    ratios = {f"{m}/eager": ms[m] / ms["eager"] for m in ms
+              if m != "eager" and "eager" in ms and not m.startswith("grow-")}
+    if "grow-eager" in ms and "grow-replay" in ms:
+        ratios["grow-replay/grow-eager"] = ms["grow-replay"] / ms["grow-eager"]
+        print(f"growing KV: replay vs eager {ratios['grow-replay/grow-eager']:.2f}x")
     for mode in ("eager", "memo", "replay"):
         for ref, label in (("torch-cg", "torch CUDA graph"), ("torch", "torch eager")):
             if mode in ms and ref in ms:

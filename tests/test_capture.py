@@ -457,3 +457,18 @@ def test_traced_replays_span_seam_ops_and_each_captured_segment():
     segment = next(sp for sp in ctx.spans if sp.name == "captured_segment")
     assert segment.attributes["capture_status"] == "replayed"
     assert cb.read() == 7  # indices 0, 2, 5 of the nonzero elements
+
+
+def test_the_capture_example_replays_the_eager_tokens():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "capture_decode.py"
+    spec = importlib.util.spec_from_file_location("capture_decode_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    cfg, cap = zoo.GptConfig(), 32
+    model = zoo.gpt_static_decoder_step(cfg, capacity=cap)
+    tokens, ms = example.greedy_replayed(_session(model), cfg, cap, 7, 12)
+    assert tokens == example.greedy_eager(_session(model), cfg, cap, 7, 12)
+    assert len(tokens) == 12 and ms > 0
