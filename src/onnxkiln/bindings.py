@@ -79,6 +79,13 @@ class DeviceIoBinding:
         """Copy `array` into the buffer starting at `offset` (an int: along axis 0; or one
         start per axis). The logical shape is left as it is."""
         self._check_live()
+        if (type(array) is np.ndarray and type(self.tensor) is np.ndarray
+                and isinstance(offset, int) and offset == 0
+                and array.shape == self.physical_shape and array.dtype == self.tensor.dtype):
+            np.copyto(self.tensor, array)  # the common case: a whole host buffer refilled
+            self._writes += 1
+            self._h2d += array.nbytes
+            return
         value = np.asarray(array) if not hasattr(array, "__dlpack__") else array
         if len(value.shape) != len(self.physical_shape):
             raise DeviceBindingError(
@@ -246,6 +253,11 @@ def _kv_index(binding: DeviceIoBinding, op: str, indices: Any, dims: Sequence[in
     caps = binding.physical_shape[first:first + len(dims)]
     if not hasattr(indices, "to"):  # numpy: one vectorised check
         idx = np.asarray(indices, dtype=np.int64)
+        if idx.size <= 64:  # a few positions (a decode step): plain Python is faster
+            rows = idx.reshape(-1, len(dims)).tolist() if tuples else [[v] for v in
+                                                                      idx.ravel().tolist()]
+            if all(0 <= v < c for row in rows for v, c in zip(row, caps)):
+                return idx
         idx = np.where(idx < 0, idx + np.asarray(dims, np.int64), idx)
         cap = np.asarray(caps, np.int64)
         if idx.size and ((idx < 0) | (idx >= cap)).any():

@@ -106,6 +106,9 @@ def _np_clamp(idx: np.ndarray, n: Any) -> np.ndarray:
 
 def _np_bad(idx: Any, n: int) -> bool:
     idx = np.asarray(idx)
+    if idx.size <= 16:  # a token or a position: plain Python beats two reductions
+        values = idx.ravel().tolist()
+        return bool(values) and (min(values) < -n or max(values) >= n)
     return bool(idx.size) and (idx.min() < -n or idx.max() >= n)
 
 
