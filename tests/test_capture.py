@@ -472,3 +472,13 @@ def test_the_capture_example_replays_the_eager_tokens():
     tokens, ms = example.greedy_replayed(_session(model), cfg, cap, 7, 12)
     assert tokens == example.greedy_eager(_session(model), cfg, cap, 7, 12)
     assert len(tokens) == 12 and ms > 0
+
+
+def test_a_refused_capture_leaves_no_graph_installed():
+    s = _session(_nonzero_model("NonZero"), **{"capture.allow_seams": "0"})
+    xb, cb, zb = _nonzero_bindings(s)
+    xb.write(np.ones(6, np.float32))
+    assert not s.try_capture_with_device_bindings({}, [xb, cb, zb]).captured
+    assert s.captured_graph_segment_count() == 0 and s.capture_segmentation() == []
+    with pytest.raises(ok.CaptureError, match="no captured device graph"):
+        s.replay_device_graph([xb, cb, zb])

@@ -79,6 +79,8 @@ class DeviceGraphs:
                 write_back: Callable[[list[Any]], None]) -> Captured | NotCapturable:
         """Audit, then run the step once recording it; install the replay."""
         ctx, plan = self._ctx, compiled.plan
+        self.reset()  # a new capture replaces the old graph, whatever its outcome
+        self.segments, self.segmentation = 0, []
         slot_of = dict(zip(ctx.input_names, plan.input_slots))
         bound = {slot_of[b.input_name]: b for b in bindings if b.input_name}
         growing = _growing_bindings(plan, ctx, bindings, slot_of)
@@ -95,7 +97,6 @@ class DeviceGraphs:
         refused = self._refusal(audit)
         if refused is not None:
             return refused
-        self.reset()
         recorder = replay.Recorder(plan)
         hooks: Any = recorder
         if trace.enabled:
