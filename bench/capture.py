@@ -21,8 +21,10 @@ logits back on the host, argmax. Modes:
            KV appended in place each step) eagerly, and replayed from a segmented capture
            (the cache-length-dependent nodes run as seams between recorded segments)
 
-"ms/step" is the median over the steady steps (all but the first of each decode loop; for
-replay all but the warm and the capture step); "first ms" is the first step (specialisation).
+The modes run interleaved, step by step in a fresh random order, so drifting load on a shared
+machine hits them alike. "ms/step" is the median over the steady steps (all but the first of
+each decode loop; for replays all but the warm and the capture step); "first ms" is the first
+step (specialisation).
 Greedy tokens must agree across modes (the grow-* modes among themselves): a mismatch is
 printed with the first differing step and the exit status is 1. A mode whose API is missing
 or that fails prints its error in its row; the other modes still run.
@@ -33,11 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,145 +171,114 @@ def _host(t: Any) -> np.ndarray:
     return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
 
 
-class _Loop:
-    """Times a greedy decode: `step(index, token) -> logits (host)` per step."""
+@dataclass
+class Runner:
+    """One mode, set up: `step(index, token, feeds) -> logits` (host), `reset()` before each
+    decode loop, `sync()` after a step, the steps not counted as steady (`skip`), and
+    `info()` for the report's notes."""
 
-    def __init__(self, steps: int, capacity: int, sync: Callable[[], None]) -> None:
-        self.steps, self.capacity, self.sync = steps, capacity, sync
-
-    def run(self, step: Callable[[int, int, dict[str, np.ndarray]], np.ndarray],
-            first_token: int) -> tuple[list[int], list[float], list[np.ndarray]]:
-        tokens, times, logits_seen = [], [], []
-        token = first_token
-        for i in range(self.steps):
-            start = time.perf_counter()
-            feeds = zoo.static_decode_feeds(i, token, self.capacity)
-            logits = step(i, token, feeds)
-            token = _argmax(logits)
-            self.sync()
-            times.append((time.perf_counter() - start) * 1e3)
-            tokens.append(token)
-            logits_seen.append(np.asarray(logits).reshape(-1))
-        return tokens, times, logits_seen
+    step: Callable[[int, int, dict[str, np.ndarray]], Any]
+    reset: Callable[[], None]
+    sync: Callable[[], None] = lambda: None
+    skip: int = 1
+    info: Callable[[], dict] = dict
 
 
-def _session(model: Any, device: str, memo: bool | None) -> tuple[ok.InferenceSession, str]:
+def _session(model: Any, device: str, memo: bool | None) -> ok.InferenceSession:
     builder = ok.InferenceSession.builder().device(device)
-    note = ""
     if memo is False:
-        from onnxkiln.options import KNOWN_OPTIONS
-
-        if "decode.memo" in KNOWN_OPTIONS:
-            builder = builder.option("decode.memo", "0")
-        else:
-            note = "decode.memo option not available yet: built with default options"
-    return builder.from_graph(model), note
+        builder = builder.option("decode.memo", "0")
+    return builder.from_graph(model)
 
 
 def _kv_bindings(session: ok.InferenceSession, cfg: zoo.GptConfig, capacity: int) -> list:
     nh, dh = cfg.heads, cfg.hidden // cfg.heads
     shape = (1, nh, capacity, dh)
-    zeros = np.zeros(shape, np.float32)
-    binds = []
-    for i in range(cfg.layers):
-        for kv in ("key", "value"):
-            b = session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
-                                                ok.DataType.FLOAT, shape, shape)
-            b.write(zeros)  # masked slots are still read: no uninitialised NaN may be there
-            binds.append(b)
+    binds = [session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
+                                             ok.DataType.FLOAT, shape, shape)
+             for i in range(cfg.layers) for kv in ("key", "value")]
+    _reset(binds)
     return binds
 
 
 def _reset(binds: list) -> None:
+    """Zero the caches: masked slots are still read, so no stale NaN may be there."""
     for b in binds:
         b.set_logical_shape(b.physical_shape)
         b.write(np.zeros(b.physical_shape, np.float32))
 
 
 def _sync_of(session: ok.InferenceSession) -> Callable[[], None]:
-    provider = session._bindings.provider
-    return getattr(provider, "synchronize", None) or (lambda: None)
+    return getattr(session._bindings.provider, "synchronize", None) or (lambda: None)
 
 
-def mode_eager(model, cfg, capacity, steps, device, repeat, memo: bool) -> dict:
+def mode_eager(model, cfg, capacity, device, memo: bool) -> Runner:
     """run_with_device_bindings: token/position/mask fed as inputs, the KV in bindings."""
-    session, note = _session(model, device, memo)
+    session = _session(model, device, memo)
     binds = _kv_bindings(session, cfg, capacity)
 
     def step(i, token, feeds):
         return session.run_with_device_bindings(feeds, binds)[0]
 
-    loop = _Loop(steps, capacity, _sync_of(session))
-    result = _repeat(loop, step, repeat, lambda: _reset(binds), cfg.vocab)
-    if note:
-        result["note"] = note
-    counts = getattr(session, "decode_memo_counts", None)
-    if counts is not None:
-        result["memo_counts"] = list(counts())
-    return result
+    return Runner(step, lambda: _reset(binds), _sync_of(session),
+                  info=lambda: {"memo_counts": list(session.decode_memo_counts())})
 
 
-def mode_replay(model, cfg, capacity, steps, device, repeat) -> dict:
-    """Every input and output bound; step 0 eager, step 1 captured, then replays."""
-    session, _ = _session(model, device, None)
+def mode_replay(model, cfg, capacity, device) -> Runner:
+    """Every input and output bound; step 0 eager (warm), step 1 captured, then replays."""
+    session = _session(model, device, None)
     vocab = cfg.vocab
     kv = _kv_bindings(session, cfg, capacity)
-    ins = {
-        "input_ids": session.allocate_device_binding("input_ids", None, ok.DataType.INT64,
-                                                     (1, 1), (1, 1)),
-        "position": session.allocate_device_binding("position", None, ok.DataType.INT64,
-                                                    (1,), (1,)),
-        "attention_mask": session.allocate_device_binding(
-            "attention_mask", None, ok.DataType.FLOAT, (1, capacity), (1, capacity)),
-    }
+    ins = {name: session.allocate_device_binding(name, None, dtype, shape, shape)
+           for name, dtype, shape in [("input_ids", ok.DataType.INT64, (1, 1)),
+                                      ("position", ok.DataType.INT64, (1,)),
+                                      ("attention_mask", ok.DataType.FLOAT, (1, capacity))]}
     logits_b = session.allocate_device_output_binding("logits", ok.DataType.FLOAT,
                                                       (1, 1, vocab), (1, 1, vocab))
     binds = [*ins.values(), *kv, logits_b]
-    for name in ("try_capture_with_device_bindings", "replay_device_graph"):
-        if not hasattr(session, name):
-            raise NotImplementedError(f"InferenceSession.{name} does not exist yet "
-                                      "(capture API not landed)")
-    state = {"captured": False, "retired": 0, "segments": 0, "recaptures": 0}
+    state = {"captured": False, "retired": 0, "segments": 0, "captures": 0}
 
     def step(i, token, feeds):
         for name, b in ins.items():
             b.write(feeds[name])
         if state["captured"]:
             if not session.replay_device_graph(binds):
-                state["captured"] = False
-                state["retired"] += 1
-        elif i == 0 and not state.get("warm"):
+                state["captured"], state["retired"] = False, state["retired"] + 1
+        elif i == 0:
             session.run_with_device_bindings({}, binds)  # warm eager step before capture
-            state["warm"] = True
         else:
-            result = session.try_capture_with_device_bindings({}, binds)
-            if not result.captured:
-                declines = "; ".join(f"{d.op_type} {d.node_id}: {d.reason}"
-                                     for d in getattr(result, "declines", [])[:5])
-                raise RuntimeError(f"NotCapturable: {declines or result!r}")
-            state["recaptures"] += 1
-            state["captured"] = True
-            state["segments"] = session.captured_graph_segment_count()
+            _capture(session, binds, state)
         return logits_b.read()
 
-    loop = _Loop(steps, capacity, _sync_of(session))
-    result = _repeat(loop, step, repeat, lambda: _reset(kv), vocab, skip=2)
-    check = getattr(session, "check_device_capture_error", None)
-    result["capture_error"] = int(check()) if check is not None else None
-    result["segments"] = state["segments"]
-    result["captures"] = state["recaptures"]
-    result["retired"] = state["retired"]
-    if result["capture_error"]:
-        raise RuntimeError(f"check_device_capture_error() = {result['capture_error']:#x} "
-                           "(a capture-safe kernel clamped an index or a write)")
-    return result
+    def reset():
+        session.reset_device_graph()
+        state["captured"] = False
+        _reset(kv)
+
+    def info():
+        error = session.check_device_capture_error()
+        if error:
+            raise RuntimeError(f"check_device_capture_error() = {error:#x} (a capture-safe "
+                               "kernel clamped an index or a write)")
+        return {"capture_error": error, "segments": state["segments"],
+                "captures": state["captures"], "retired": state["retired"]}
+
+    return Runner(step, reset, _sync_of(session), skip=2, info=info)
 
 
-def mode_grow(cfg, capacity, steps, device, repeat, capture: bool) -> dict:
+def _capture(session: ok.InferenceSession, binds: list, state: dict) -> None:
+    result = session.try_capture_with_device_bindings({}, binds)
+    if not result.captured:
+        raise RuntimeError(f"NotCapturable: {result}")
+    state["captured"], state["captures"] = True, state["captures"] + 1
+    state["segments"] = session.captured_graph_segment_count()
+
+
+def mode_grow(cfg, capacity, device, capture: bool) -> Runner:
     """The growing-KV decoder: eager (decode.memo=0, input_ids fed) or replayed from a
     segmented capture (input_ids and logits bound; the first step eager, the second
     captured)."""
-    session, _ = _session(zoo.gpt_decoder_step(cfg), device, None if capture else False)
+    session = _session(zoo.gpt_decoder_step(cfg), device, None if capture else False)
     nh, dh = cfg.heads, cfg.hidden // cfg.heads
     kv = [session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
                                           ok.DataType.FLOAT, (1, nh, capacity, dh),
@@ -315,7 +288,7 @@ def mode_grow(cfg, capacity, steps, device, repeat, capture: bool) -> dict:
     logits_b = session.allocate_device_output_binding("logits", ok.DataType.FLOAT,
                                                       (1, 1, cfg.vocab), (1, 1, cfg.vocab))
     binds = [*kv, ids, logits_b]
-    state = {"captured": False, "segments": 0, "retired": 0}
+    state = {"captured": False, "segments": 0, "retired": 0, "captures": 0}
 
     def step(i, token, feeds):
         if not capture:
@@ -327,10 +300,7 @@ def mode_grow(cfg, capacity, steps, device, repeat, capture: bool) -> dict:
         elif i == 0:
             session.run_with_device_bindings({}, binds)  # warm eager step before capture
         else:
-            if not session.try_capture_with_device_bindings({}, binds).captured:
-                raise RuntimeError("NotCapturable")
-            state["captured"] = True
-            state["segments"] = session.captured_graph_segment_count()
+            _capture(session, binds, state)
         return logits_b.read()
 
     def reset():
@@ -339,15 +309,16 @@ def mode_grow(cfg, capacity, steps, device, repeat, capture: bool) -> dict:
         for b in kv:
             b.set_logical_shape((1, nh, 0, dh))
 
-    result = _repeat(_Loop(steps, capacity, _sync_of(session)), step, repeat, reset, cfg.vocab,
-                     skip=2 if capture else 1)
-    if capture:
-        result.update(segments=state["segments"], retired=state["retired"],
-                      capture_error=session.check_device_capture_error())
-    return result
+    def info():
+        if not capture:
+            return {}
+        return {"segments": state["segments"], "retired": state["retired"],
+                "capture_error": session.check_device_capture_error()}
+
+    return Runner(step, reset, _sync_of(session), skip=2 if capture else 1, info=info)
 
 
-def mode_torch(model, cfg, capacity, steps, device, repeat, graph: bool) -> dict:
+def mode_torch(model, cfg, capacity, device, graph: bool) -> Runner:
     """The plain-torch reference, eager or replayed from a torch.cuda.CUDAGraph."""
     ref = TorchStaticGpt(model, cfg, capacity, "cuda" if device.startswith("cuda") else "cpu")
     if graph:
@@ -356,63 +327,102 @@ def mode_torch(model, cfg, capacity, steps, device, repeat, graph: bool) -> dict
     def step(i, token, feeds):
         return _host(ref.step(feeds["input_ids"], feeds["position"], feeds["attention_mask"]))
 
-    return _repeat(_Loop(steps, capacity, ref.sync), step, repeat, ref.reset, cfg.vocab)
-
-
-def _repeat(loop: _Loop, step, repeat: int, reset: Callable[[], None], vocab: int,
-            skip: int = 1) -> dict:
-    """Run the loop `repeat` times (reset between); the median over the steps after the first
-    `skip` of each loop (the warm and capture steps), the first step's time apart."""
-    first_token = FIRST_TOKEN % vocab
-    tokens, steady, first, second, logits = None, [], [], [], None
-    for r in range(repeat):
-        if r:
-            reset()
-        got, times, seen = loop.run(step, first_token)
-        if tokens is None:
-            tokens, logits = got, seen
-        elif got != tokens:
-            raise RuntimeError(f"repeat {r} produced other tokens than repeat 0: {got} vs "
-                               f"{tokens}")
-        first.append(times[0])
-        second.append(times[min(1, len(times) - 1)])
-        steady.extend(times[skip:] or times[-1:])
-    return {"tokens": tokens, "ms": statistics.median(steady), "first_ms": first[0],
-            "second_ms": second[0], "logits": logits}
+    return Runner(step, ref.reset, ref.sync)
 
 
 # --- driver ---------------------------------------------------------------------------------
 
 
 def measure(cfg: zoo.GptConfig, capacity: int, steps: int, device: str, repeat: int = 1,
-            modes: tuple[str, ...] = MODES) -> dict:
-    """Every mode's result: {mode: {"tokens", "ms", "first_ms", ...} or {"error": text}}."""
+            modes: tuple[str, ...] = MODES, seed: int = 0) -> dict:
+    """Every mode's result: {mode: {"tokens", "ms", "first_ms", ...} or {"error": text}}.
+
+    The modes run interleaved: each decode step is taken by every mode in a fresh random
+    order before the next step, so drifting load on a shared machine hits all modes alike.
+    """
     if steps > min(capacity, cfg.max_positions):
         raise SystemExit(f"--steps {steps} exceeds the capacity {capacity} or the model's "
                          f"max_positions {cfg.max_positions}")
     on_cuda = device.startswith("cuda")
     model = zoo.gpt_static_decoder_step(cfg, capacity=capacity)
-    runners: dict[str, Callable[[], dict]] = {
-        "eager": lambda: mode_eager(model, cfg, capacity, steps, device, repeat, memo=False),
-        "memo": lambda: mode_eager(model, cfg, capacity, steps, device, repeat, memo=True),
-        "replay": lambda: mode_replay(model, cfg, capacity, steps, device, repeat),
-        "torch": lambda: mode_torch(model, cfg, capacity, steps, device, repeat, graph=False),
-        "torch-cg": lambda: mode_torch(model, cfg, capacity, steps, device, repeat, graph=True),
-        "grow-eager": lambda: mode_grow(cfg, capacity, steps, device, repeat, capture=False),
-        "grow-replay": lambda: mode_grow(cfg, capacity, steps, device, repeat, capture=True),
+    makers: dict[str, Callable[[], Runner]] = {
+        "eager": lambda: mode_eager(model, cfg, capacity, device, memo=False),
+        "memo": lambda: mode_eager(model, cfg, capacity, device, memo=True),
+        "replay": lambda: mode_replay(model, cfg, capacity, device),
+        "torch": lambda: mode_torch(model, cfg, capacity, device, graph=False),
+        "torch-cg": lambda: mode_torch(model, cfg, capacity, device, graph=True),
+        "grow-eager": lambda: mode_grow(cfg, capacity, device, capture=False),
+        "grow-replay": lambda: mode_grow(cfg, capacity, device, capture=True),
     }
-    results = {}
+    results: dict[str, dict] = {}
+    runners: dict[str, Runner] = {}
     for mode in modes:
         if mode == "torch-cg" and not on_cuda:
             continue
         try:
-            results[mode] = runners[mode]()
+            runners[mode] = makers[mode]()
         except Exception as e:  # a missing API or a failing mode is reported, not fatal
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            text = str(e).splitlines()[0] if str(e) else ""
-            results[mode] = {"error": f"{type(e).__name__}: {text} "
-                                      f"[{Path(where.filename).name}:{where.lineno}]"}
-    return results
+            results[mode] = {"error": _describe(e)}
+    rng = random.Random(seed)
+    times: dict[str, list[list[float]]] = {m: [] for m in runners}
+    seen: dict[str, tuple[list[int], list[np.ndarray]]] = {}
+    for r in range(repeat):
+        tokens = dict.fromkeys(runners, FIRST_TOKEN % cfg.vocab)
+        got: dict[str, tuple[list[int], list[np.ndarray]]] = {m: ([], []) for m in runners}
+        for m in runners:
+            times[m].append([])
+            if r:
+                runners[m].reset()
+        for i in range(steps):
+            order = list(runners)
+            rng.shuffle(order)
+            for m in order:
+                _timed_step(m, runners, i, tokens, got, times, capacity, results)
+        for m in list(runners):
+            if r == 0:
+                seen[m] = got[m]
+            elif got[m][0] != seen[m][0]:
+                results[m] = {"error": f"repeat {r} produced other tokens than repeat 0"}
+                del runners[m]
+    for m, runner in runners.items():
+        steady = [t for loop in times[m] for t in loop[runner.skip:]] or times[m][0][-1:]
+        try:
+            extra = runner.info()
+        except Exception as e:
+            results[m] = {"error": _describe(e)}
+            continue
+        results[m] = {"tokens": seen[m][0], "logits": seen[m][1],
+                      "ms": statistics.median(steady), "first_ms": times[m][0][0],
+                      "second_ms": times[m][0][min(1, len(times[m][0]) - 1)], **extra}
+    return {m: results[m] for m in modes if m in results}
+
+
+def _timed_step(m: str, runners: dict[str, Runner], i: int, tokens: dict[str, int],
+                got: dict, times: dict, capacity: int, results: dict) -> None:
+    """Mode m's step i (its feeds from its own previous token); a failure drops the mode."""
+    runner = runners.get(m)
+    if runner is None:
+        return
+    try:
+        start = time.perf_counter()
+        feeds = zoo.static_decode_feeds(i, tokens[m], capacity)
+        logits = runner.step(i, tokens[m], feeds)
+        tokens[m] = _argmax(logits)
+        runner.sync()
+        times[m][-1].append((time.perf_counter() - start) * 1e3)
+    except Exception as e:
+        results[m] = {"error": _describe(e)}
+        del runners[m]
+        return
+    got[m][0].append(tokens[m])
+    got[m][1].append(np.asarray(logits).reshape(-1))
+
+
+def _describe(e: Exception) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    text = str(e).splitlines()[0] if str(e) else ""
+    at = f" [{Path(where.filename).name}:{where.lineno}]" if where else ""
+    return f"{type(e).__name__}: {text}{at}"
 
 
 def compare_tokens(results: dict) -> list[str]:
