@@ -227,57 +227,60 @@ def mode_eager(model, cfg, capacity, device, memo: bool) -> Runner:
 def mode_replay(model, cfg, capacity, device) -> Runner:
     """Every input and output bound; step 0 eager (warm), step 1 captured, then replays."""
     session = _session(model, device, None)
-    vocab = cfg.vocab
-    kv = _kv_bindings(session, cfg, capacity)
-    ins = {name: session.allocate_device_binding(name, None, dtype, shape, shape)
-           for name, dtype, shape in [("input_ids", ok.DataType.INT64, (1, 1)),
-                                      ("position", ok.DataType.INT64, (1,)),
-                                      ("attention_mask", ok.DataType.FLOAT, (1, capacity))]}
-    logits_b = session.allocate_device_output_binding("logits", ok.DataType.FLOAT,
-                                                      (1, 1, vocab), (1, 1, vocab))
-    binds = [*ins.values(), *kv, logits_b]
-    state = {"captured": False, "retired": 0, "segments": 0, "captures": 0}
+    kv, ins, logits_b = zoo.static_decode_bindings(session, cfg, capacity)
+    replayer = _Replayer(session, [*ins.values(), *kv, logits_b])
 
     def step(i, token, feeds):
         for name, b in ins.items():
             b.write(feeds[name])
-        if state["captured"]:
-            if not session.replay_device_graph(binds):
-                state["captured"], state["retired"] = False, state["retired"] + 1
-        elif i == 0:
-            session.run_with_device_bindings({}, binds)  # warm eager step before capture
-        else:
-            _capture(session, binds, state)
+        replayer.step(i)
         return logits_b.read()
 
     def reset():
-        session.reset_device_graph()
-        state["captured"] = False
+        replayer.reset()
         _reset(kv)
 
-    def info():
-        error = session.check_device_capture_error()
+    return Runner(step, reset, _sync_of(session), skip=2, info=replayer.info)
+
+
+class _Replayer:
+    """Step 0 eager (warm), step 1 try_capture_with_device_bindings, then replays; a
+    retired graph is captured again on the next step."""
+
+    def __init__(self, session: ok.InferenceSession, binds: list) -> None:
+        self.session, self.binds = session, binds
+        self.captured, self.captures, self.retired, self.segments = False, 0, 0, 0
+
+    def step(self, i: int) -> None:
+        s = self.session
+        if self.captured:
+            if not s.replay_device_graph(self.binds):
+                self.captured, self.retired = False, self.retired + 1
+        elif i == 0:
+            s.run_with_device_bindings({}, self.binds)
+        else:
+            result = s.try_capture_with_device_bindings({}, self.binds)
+            if not result.captured:
+                raise RuntimeError(f"NotCapturable: {result}")
+            self.captured, self.captures = True, self.captures + 1
+            self.segments = s.captured_graph_segment_count()
+
+    def reset(self) -> None:
+        self.session.reset_device_graph()
+        self.captured = False
+
+    def info(self) -> dict:
+        error = self.session.check_device_capture_error()
         if error:
             raise RuntimeError(f"check_device_capture_error() = {error:#x} (a capture-safe "
                                "kernel clamped an index or a write)")
-        return {"capture_error": error, "segments": state["segments"],
-                "captures": state["captures"], "retired": state["retired"]}
-
-    return Runner(step, reset, _sync_of(session), skip=2, info=info)
-
-
-def _capture(session: ok.InferenceSession, binds: list, state: dict) -> None:
-    result = session.try_capture_with_device_bindings({}, binds)
-    if not result.captured:
-        raise RuntimeError(f"NotCapturable: {result}")
-    state["captured"], state["captures"] = True, state["captures"] + 1
-    state["segments"] = session.captured_graph_segment_count()
+        return {"capture_error": error, "segments": self.segments, "captures": self.captures,
+                "retired": self.retired}
 
 
 def mode_grow(cfg, capacity, device, capture: bool) -> Runner:
     """The growing-KV decoder: eager (decode.memo=0, input_ids fed) or replayed from a
-    segmented capture (input_ids and logits bound; the first step eager, the second
-    captured)."""
+    segmented capture (input_ids and logits bound)."""
     session = _session(zoo.gpt_decoder_step(cfg), device, None if capture else False)
     nh, dh = cfg.heads, cfg.hidden // cfg.heads
     kv = [session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
@@ -287,35 +290,22 @@ def mode_grow(cfg, capacity, device, capture: bool) -> Runner:
     ids = session.allocate_device_binding("input_ids", None, ok.DataType.INT64, (1, 1), (1, 1))
     logits_b = session.allocate_device_output_binding("logits", ok.DataType.FLOAT,
                                                       (1, 1, cfg.vocab), (1, 1, cfg.vocab))
-    binds = [*kv, ids, logits_b]
-    state = {"captured": False, "segments": 0, "retired": 0, "captures": 0}
+    replayer = _Replayer(session, [*kv, ids, logits_b])
 
     def step(i, token, feeds):
         if not capture:
             return session.run_with_device_bindings({"input_ids": feeds["input_ids"]}, kv)[0]
         ids.write(feeds["input_ids"])
-        if state["captured"]:
-            if not session.replay_device_graph(binds):
-                state["captured"], state["retired"] = False, state["retired"] + 1
-        elif i == 0:
-            session.run_with_device_bindings({}, binds)  # warm eager step before capture
-        else:
-            _capture(session, binds, state)
+        replayer.step(i)
         return logits_b.read()
 
     def reset():
-        session.reset_device_graph()
-        state["captured"] = False
+        replayer.reset()
         for b in kv:
             b.set_logical_shape((1, nh, 0, dh))
 
-    def info():
-        if not capture:
-            return {}
-        return {"segments": state["segments"], "retired": state["retired"],
-                "capture_error": session.check_device_capture_error()}
-
-    return Runner(step, reset, _sync_of(session), skip=2 if capture else 1, info=info)
+    return Runner(step, reset, _sync_of(session), skip=2 if capture else 1,
+                  info=replayer.info if capture else dict)
 
 
 def mode_torch(model, cfg, capacity, device, graph: bool) -> Runner:

@@ -21,25 +21,10 @@ import onnxkiln as ok
 from onnxkiln import zoo
 
 
-def bindings(s: ok.InferenceSession, cfg: zoo.GptConfig, capacity: int):
-    """KV buffers (input and output at once), the per-step inputs, and the logits."""
-    heads, dim = cfg.heads, cfg.hidden // cfg.heads
-    kv = [s.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}", ok.DataType.FLOAT,
-                                    (1, heads, capacity, dim), (1, heads, capacity, dim))
-          for i in range(cfg.layers) for kv in ("key", "value")]
-    feeds = {name: s.allocate_device_binding(name, None, dtype, shape, shape)
-             for name, dtype, shape in [("input_ids", ok.DataType.INT64, (1, 1)),
-                                        ("position", ok.DataType.INT64, (1,)),
-                                        ("attention_mask", ok.DataType.FLOAT, (1, capacity))]}
-    logits = s.allocate_device_output_binding("logits", ok.DataType.FLOAT, (1, 1, cfg.vocab),
-                                              (1, 1, cfg.vocab))
-    return kv, feeds, logits
-
-
 def greedy_replayed(s: ok.InferenceSession, cfg: zoo.GptConfig, capacity: int, first: int,
                     steps: int) -> tuple[list[int], float]:
     """Tokens from a captured step replayed `steps - 1` times; ms per replayed step."""
-    kv, feeds, logits = bindings(s, cfg, capacity)
+    kv, feeds, logits = zoo.static_decode_bindings(s, cfg, capacity)
     binds = [*kv, *feeds.values(), logits]
     token, tokens, start = first, [], 0.0
     for step in range(steps):

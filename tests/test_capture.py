@@ -339,24 +339,12 @@ def test_out_of_range_gather_in_a_replay_clamps_and_latches_a_bit(torch):
 
 # --- decoders --------------------------------------------------------------------------------
 
-def _static_bindings(s, cfg, cap):
-    h, d = cfg.heads, cfg.hidden // cfg.heads
-    kv = [s.allocate_device_binding(f"past_{k}_{i}", f"present_{k}_{i}", F, (1, h, cap, d),
-                                    (1, h, cap, d))
-          for i in range(cfg.layers) for k in ("key", "value")]
-    feeds = {n: s.allocate_device_binding(n, None, dt, shape, shape) for n, dt, shape in
-             [("input_ids", I64, (1, 1)), ("position", I64, (1,)),
-              ("attention_mask", F, (1, cap))]}
-    logits = s.allocate_device_output_binding("logits", F, (1, 1, cfg.vocab), (1, 1, cfg.vocab))
-    return kv, feeds, logits
-
-
 @pytest.mark.parametrize("torch", [False, True], ids=["numpy", "torch_cpu"])
 def test_static_cache_decoder_captures_whole_and_replays_50_steps_like_eager(torch):
     cfg, cap = zoo.GptConfig(), 64
     model = zoo.gpt_static_decoder_step(cfg, capacity=cap)
     s, ref = _session(model, torch), _session(model)
-    kv, feeds, logits = _static_bindings(s, cfg, cap)
+    kv, feeds, logits = zoo.static_decode_bindings(s, cfg, cap)
     binds = [*kv, *feeds.values(), logits]
     h, d = cfg.heads, cfg.hidden // cfg.heads
     past = {f"past_{k}_{i}": np.zeros((1, h, cap, d), np.float32)

@@ -54,25 +54,12 @@ def test_allocation_counts_and_kv_bindings_on_cuda():
     assert binds[0].logical_shape == (1, heads, 2, dim)
 
 
-def _static_bindings(s, cfg, cap):
-    h, d = cfg.heads, cfg.hidden // cfg.heads
-    kv = [s.allocate_device_binding(f"past_{k}_{i}", f"present_{k}_{i}", ok.DataType.FLOAT,
-                                    (1, h, cap, d), (1, h, cap, d))
-          for i in range(cfg.layers) for k in ("key", "value")]
-    feeds = {n: s.allocate_device_binding(n, None, dt, shape, shape) for n, dt, shape in
-             [("input_ids", ok.DataType.INT64, (1, 1)), ("position", ok.DataType.INT64, (1,)),
-              ("attention_mask", ok.DataType.FLOAT, (1, cap))]}
-    logits = s.allocate_device_output_binding("logits", ok.DataType.FLOAT, (1, 1, cfg.vocab),
-                                              (1, 1, cfg.vocab))
-    return kv, feeds, logits
-
-
 def test_static_decoder_replays_a_cuda_graph_like_the_cpu_and_allocates_nothing():
     cfg, cap = zoo.GptConfig(), 32
     model = zoo.gpt_static_decoder_step(cfg, capacity=cap)
     s = ok.InferenceSession.builder().device("cuda").from_graph(model)
     ref = ok.InferenceSession.builder().device("cpu").from_graph(model)
-    kv, feeds, logits = _static_bindings(s, cfg, cap)
+    kv, feeds, logits = zoo.static_decode_bindings(s, cfg, cap)
     binds = [*kv, *feeds.values(), logits]
     h, d = cfg.heads, cfg.hidden // cfg.heads
     past = {f"past_{k}_{i}": np.zeros((1, h, cap, d), np.float32)

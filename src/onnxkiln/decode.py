@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.bindings import DeviceIoBinding, SessionBindings, store
-from onnxkiln.errors import CaptureError, InputNotFoundError, InvalidInputError, SessionError
+from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
 from onnxkiln.plan import Plan, Step, lifetimes
 from onnxkiln.specialize import SpecializationCache
@@ -213,18 +213,8 @@ class DecodeMemo:
         values = list(entry.template)
         validator = self._validator
         for name, raw in feeds.items():
-            spec = validator.by_name.get(name)
-            if spec is None:
-                raise InputNotFoundError(validator._unknown(name))
-            try:
-                values[spec.position] = validator._convert(spec, raw)
-            except SessionError:
-                raise
-            except Exception as e:  # the same wording as InputValidator.bind
-                raise InvalidInputError(
-                    f"input '{name}' ({spec.meta}) cannot be converted to an array: "
-                    f"{type(e).__name__}: {e}"
-                ) from e
+            position, value = validator.convert(name, raw)
+            values[position] = value
         slots = entry.plain_slot
         if slots.keys() != feeds.keys():
             slots = {name: validator.by_name[name].position for name in feeds}

@@ -43,18 +43,8 @@ class InputValidator:
         given = self._normalise(inputs)
         values: list[Any] = [None] * len(self.specs)
         for name, raw in given.items():
-            spec = self.by_name.get(name)
-            if spec is None:
-                raise InputNotFoundError(self._unknown(name))
-            try:
-                values[spec.position] = self._convert(spec, raw)
-            except SessionError:
-                raise
-            except Exception as e:  # numpy or the caller's __array__/__dlpack__ refused it
-                raise InvalidInputError(
-                    f"input '{name}' ({spec.meta}) cannot be converted to an array: "
-                    f"{type(e).__name__}: {e}"
-                ) from e
+            position, value = self.convert(name, raw)
+            values[position] = value
         missing = [s.meta.name for s in self.specs if values[s.position] is None]
         for name in missing:
             spec = self.by_name[name]
@@ -74,6 +64,21 @@ class InputValidator:
             for v in values
         )
         return values, signature
+
+    def convert(self, name: str, raw: Any) -> tuple[int, Any]:
+        """(position, array) of one named input, converted and checked as `bind` does."""
+        spec = self.by_name.get(name)
+        if spec is None:
+            raise InputNotFoundError(self._unknown(name))
+        try:
+            return spec.position, self._convert(spec, raw)
+        except SessionError:
+            raise
+        except Exception as e:  # numpy or the caller's __array__/__dlpack__ refused it
+            raise InvalidInputError(
+                f"input '{name}' ({spec.meta}) cannot be converted to an array: "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
     def _normalise(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, Mapping):

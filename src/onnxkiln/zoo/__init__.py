@@ -22,6 +22,7 @@ from onnxkiln.zoo.transformer import (
     bert_encoder,
     gpt_decoder_step,
     gpt_static_decoder_step,
+    static_decode_bindings,
     static_decode_feeds,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "mobilenet_v2",
     "random_inputs",
     "resnet",
+    "static_decode_bindings",
     "static_decode_feeds",
 ]
 

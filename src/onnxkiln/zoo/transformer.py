@@ -318,3 +318,26 @@ def static_decode_feeds(step: int, token: int, capacity: int) -> dict[str, np.nd
     mask[0, : step + 1] = 0.0
     return {"input_ids": np.array([[token]], _I64), "position": np.array([step], _I64),
             "attention_mask": mask}
+
+
+def static_decode_bindings(session: Any, cfg: GptConfig, capacity: int
+                           ) -> tuple[list[Any], dict[str, Any], Any]:
+    """Device bindings for every input and output of `gpt_static_decoder_step` in `session`:
+    the KV buffers (each bound as past input and present output, zeroed: masked slots are
+    still read), the per-step inputs by name (write `static_decode_feeds` into them), and
+    the logits output. What a captured decode loop replays over."""
+    from onnxkiln.dtypes import DataType
+
+    shape = (1, cfg.heads, capacity, cfg.hidden // cfg.heads)
+    kv = [session.allocate_device_binding(f"past_{kv}_{i}", f"present_{kv}_{i}",
+                                          DataType.FLOAT, shape, shape)
+          for i in range(cfg.layers) for kv in ("key", "value")]
+    for b in kv:
+        b.write(np.zeros(shape, np.float32))
+    feeds = {name: session.allocate_device_binding(name, None, dtype, dims, dims)
+             for name, dtype, dims in [("input_ids", DataType.INT64, (1, 1)),
+                                       ("position", DataType.INT64, (1,)),
+                                       ("attention_mask", DataType.FLOAT, (1, capacity))]}
+    logits = session.allocate_device_output_binding("logits", DataType.FLOAT,
+                                                    (1, 1, cfg.vocab), (1, 1, cfg.vocab))
+    return kv, feeds, logits
