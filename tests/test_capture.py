@@ -470,3 +470,110 @@ def test_a_refused_capture_leaves_no_graph_installed():
     assert s.captured_graph_segment_count() == 0 and s.capture_segmentation() == []
     with pytest.raises(ok.CaptureError, match="no captured device graph"):
         s.replay_device_graph([xb, cb, zb])
+
+
+# --- segments recorded as device graphs (an eager stand-in on torch's CPU device) -----------
+
+class _EagerGraphs:
+    """CUDA graphs' contract without a GPU: `record` runs the segment once and keeps its
+    outputs as the static ones; each replay reruns it and copies into them (a graph writes
+    the same memory every time). Checks the static-input and -output plumbing."""
+
+    def __init__(self) -> None:
+        self.recorded = self.replays = 0
+
+    def record(self, fn, label):
+        outputs = fn()
+        self.recorded += 1
+
+        def replay():
+            self.replays += 1
+            for old, new in zip(outputs, fn()):
+                old.copy_(new)
+
+        return outputs, replay
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    pytest.importorskip("torch", reason="the torch provider needs torch")
+    from onnxkiln.device_graph import DeviceGraphs
+
+    stand_in = _EagerGraphs()
+    monkeypatch.setattr(DeviceGraphs, "_graph_backend", lambda self: stand_in)
+    return stand_in
+
+
+def test_static_decoder_segment_recorded_as_a_graph_replays_like_eager(graphs):
+    cfg, cap = zoo.GptConfig(), 32
+    model = zoo.gpt_static_decoder_step(cfg, capacity=cap)
+    s, ref = _session(model, torch=True), _session(model, torch=True)
+    kv, feeds, logits = zoo.static_decode_bindings(s, cfg, cap)
+    rkv, rfeeds, rlogits = zoo.static_decode_bindings(ref, cfg, cap)
+    binds, rbinds = [*kv, *feeds.values(), logits], [*rkv, *rfeeds.values(), rlogits]
+    token = 5
+    for step in range(12):
+        for name, value in zoo.static_decode_feeds(step, token, cap).items():
+            feeds[name].write(value)
+            rfeeds[name].write(value)
+        if step == 0:
+            assert s.try_capture_with_device_bindings({}, binds).segments == 1
+        else:
+            assert s.replay_device_graph(binds)
+        ref.run_with_device_bindings({}, rbinds)
+        np.testing.assert_array_equal(logits.read(), rlogits.read())
+        token = int(rlogits.read().argmax())
+    np.testing.assert_array_equal(kv[-1].read(), rkv[-1].read())
+    assert (graphs.recorded, graphs.replays) == (1, 11)
+
+
+def test_growing_decoder_segments_recorded_as_graphs_replay_like_eager(graphs):
+    cfg, cap = zoo.GptConfig(), 24
+    model = zoo.gpt_decoder_step(cfg)
+    s, ref = _session(model, torch=True), _session(model, torch=True)
+    h, d = cfg.heads, cfg.hidden // cfg.heads
+
+    def bindings(session):
+        kv = [session.allocate_device_binding(f"past_{k}_{i}", f"present_{k}_{i}", F,
+                                              (1, h, cap, d), (1, h, 0, d))
+              for i in range(cfg.layers) for k in ("key", "value")]
+        ids = session.allocate_device_binding("input_ids", None, I64, (1, 1), (1, 1))
+        out = session.allocate_device_output_binding("logits", F, (1, 1, cfg.vocab),
+                                                     (1, 1, cfg.vocab))
+        return [*kv, ids, out], ids, out
+
+    binds, ids, logits = bindings(s)
+    rbinds, rids, rlogits = bindings(ref)
+    token = 3
+    for step in range(10):
+        ids.write(np.array([[token]], np.int64))
+        rids.write(np.array([[token]], np.int64))
+        if step == 0:
+            res = s.try_capture_with_device_bindings({}, binds)
+            assert res.segments >= 2
+        else:
+            assert s.replay_device_graph(binds)
+        ref.run_with_device_bindings({}, rbinds)
+        np.testing.assert_array_equal(logits.read(), rlogits.read())
+        token = int(rlogits.read().argmax())
+    assert graphs.recorded >= 2 and graphs.replays == 9 * graphs.recorded
+    assert binds[0].logical_shape == (1, h, 10, d)
+
+
+def test_cpu_fallback_seam_between_recorded_graphs_replays_like_eager(graphs):
+    s, ref = _session(_det_model(), torch=True), _session(_det_model())
+    xb = s.allocate_device_binding("x", None, F, (2, 3, 3), (2, 3, 3))
+    yb = s.allocate_device_output_binding("y", F, (2,), (2,))
+    nb = s.allocate_device_output_binding("n", F, (2, 3, 3), (2, 3, 3))
+    rng = np.random.default_rng(5)
+    xb.write(rng.standard_normal((2, 3, 3)).astype(np.float32))
+    assert s.try_capture_with_device_bindings({}, [xb, yb, nb]).segments == 2
+    assert graphs.recorded == 2
+    for _ in range(5):
+        x = rng.standard_normal((2, 3, 3)).astype(np.float32)
+        xb.write(x)
+        assert s.replay_device_graph([xb, yb, nb])
+        y, n = ref.run({"x": x})
+        np.testing.assert_allclose(yb.read(), y, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(nb.read(), n)
+    assert graphs.replays == 10

@@ -178,12 +178,6 @@ def _classify(step: Step, graph: ir.Graph, facts: AuditInputs, state: _State
         return SeamKind.DATA_DEPENDENT_SHAPE, f"{op}: the kernel's output shape depends on data"
     if step.spec.capture is not CaptureSupport.CAPTURABLE:
         return SeamKind.KERNEL_NOT_CAPTURABLE, f"{op}: the kernel {step.spec.capture.value}"
-    if step.op_type == "MemcpyFromHost" and step.inputs[0] in facts.on_device:
-        return None  # an upload of a bound input is the tensor itself
-    if step.op_type in _COPIES and step.domain == "onnxkiln":
-        where = "host" if step.op_type == "MemcpyToHost" else "device"
-        return (SeamKind.KERNEL_NOT_CAPTURABLE,
-                f"copies '{names[step.inputs[0]]}', which changes each step, to the {where}")
     if (facts.device_provider is not None and step.node_id >= 0
             and step.provider != facts.device_provider):
         why = facts.fallback_reasons.get(step.node_id, "placed on the host")
@@ -193,6 +187,12 @@ def _classify(step: Step, graph: ir.Graph, facts: AuditInputs, state: _State
     if grows is not None:
         return (SeamKind.GROWING_SHAPE, f"'{names[grows]}' changes shape every step (it "
                 f"follows the appended binding(s) {facts.growth_source})")
+    if step.op_type == "MemcpyFromHost" and step.inputs[0] in facts.on_device:
+        return None  # an upload of a bound input is the tensor itself
+    if step.op_type in _COPIES and step.domain == "onnxkiln":
+        where = "host" if step.op_type == "MemcpyToHost" else "device"
+        return (SeamKind.KERNEL_NOT_CAPTURABLE,
+                f"copies '{names[step.inputs[0]]}', which changes each step, to the {where}")
     varying = next((s for s in step.inputs if s is not None and s in state.dd_from), None)
     if varying is not None:
         return (SeamKind.DATA_DEPENDENT_SHAPE, f"input '{names[varying]}' has a shape that "

@@ -176,19 +176,23 @@ class DeviceGraphs:
         return self._word
 
     def _recorder_for(self) -> Callable[..., Any] | None:
-        device = getattr(self._ctx.provider, "torch_device", None)
-        if device is None or device.type != "cuda":
+        graphs = self._graph_backend()
+        if graphs is None:
             return None
-        import torch
-
-        pool = torch.cuda.graph_pool_handle()
 
         def record(compiled: CompiledPlan, args: Sequence[Any], stable: Sequence[bool],
                    part: replay.Part) -> replay.CudaSegment:
-            label = f"{part.steps[0]}..{part.steps[-1]}"
-            return replay.CudaSegment(compiled, args, stable, pool, device, label)
+            label = f"of steps {part.steps[0]}..{part.steps[-1]}"
+            return replay.CudaSegment(compiled, args, stable, graphs, label)
 
         return record
+
+    def _graph_backend(self) -> Any:
+        """TorchCudaGraphs on a CUDA device; None (pre-bound replay lists) elsewhere."""
+        device = getattr(self._ctx.provider, "torch_device", None)
+        if device is None or device.type != "cuda":
+            return None
+        return replay.TorchCudaGraphs(device)
 
     # replay -------------------------------------------------------------------------
     def replay(self, bindings: Sequence[DeviceIoBinding],

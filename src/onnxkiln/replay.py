@@ -160,7 +160,7 @@ def build_parts(inp: PartsInput) -> list[Part]:
             needed.update(s for s in plan.steps[i].inputs if s is not None)
     later_reads.reverse()
     parts: list[Part] = []
-    from_segment: set[int] = set()  # CUDA: exits of recorded segments keep their objects
+    from_segment: dict[int, Any] = {}  # CUDA: exits of recorded segments -> their objects
     for (captured, idx), later in zip(groups, later_reads):
         steps = [plan.steps[i] for i in idx]
         produced = {s for st in steps for s in st.outputs if s is not None}
@@ -176,7 +176,8 @@ def build_parts(inp: PartsInput) -> list[Part]:
         part = Part(captured, idx, entry, exit_, eager)
         if captured:
             _make_captured(part, inp, steps, consts, from_segment)
-            from_segment.update(exit_)
+            if isinstance(part.run, CudaSegment):
+                from_segment.update(zip(exit_, part.run.outputs))
         else:
             part.branches = [(inp.cond_slots[i], bool(inp.values[inp.cond_slots[i]]))
                              for i in idx if i in inp.cond_slots]
@@ -185,10 +186,12 @@ def build_parts(inp: PartsInput) -> list[Part]:
 
 
 def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[int, Any],
-                   from_segment: set[int]) -> None:
-    """Turn a captured part into its replay form (prealloc'd list or a CUDA graph)."""
+                   from_segment: dict[int, Any]) -> None:
+    """Turn a captured part into its replay form (prealloc'd list or a CUDA graph).
+    `from_segment`: the static output objects of segments recorded before this one (a graph
+    reads them in place)."""
     part.eager, plan = part.run, inp.plan
-    stable = inp.stable | from_segment
+    stable = inp.stable | from_segment.keys()
     part.guards = [(k, tuple(inp.values[s].shape)) for k, s in enumerate(part.entry)
                    if s not in stable and hasattr(inp.values[s], "shape")]
     safe = [dataclasses.replace(st, kernel=inp.kernel_for(st)) for st in steps]
@@ -197,9 +200,11 @@ def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[
         part.run = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
                                 inplace=False)
         return
+    if all(st.op_type == "MemcpyFromHost" for st in steps):
+        return  # only uploads of bound inputs (the tensors themselves): nothing to record
     compiled = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
                             inplace=False)
-    args = [inp.values[s] for s in part.entry]
+    args = [from_segment.get(s, inp.values[s]) for s in part.entry]
     part.run = inp.record(compiled, args, [s in stable for s in part.entry], part)
 
 
@@ -238,35 +243,57 @@ def _sub_plan(plan: Plan, steps: list[Step], entry: list[int], exit_: list[int],
 
 
 class CudaSegment:
-    """One captured segment as a torch CUDA graph with static inputs and outputs."""
+    """One captured segment as a device graph with static inputs and outputs.
+
+    Inputs the graph may read in place (`stable`: a fixed binding's view, a previous
+    segment's output) are used as they are; the others are cloned into static tensors that
+    each replay refills. `graphs.record(fn, label)` returns (outputs, replay): with
+    TorchCudaGraphs a torch CUDA graph; tests use an eager stand-in with the same contract.
+    """
 
     def __init__(self, compiled: CompiledPlan, args: Sequence[Any], stable: Sequence[bool],
-                 pool: Any, device: Any, label: str) -> None:
-        import torch
-
+                 graphs: Any, label: str) -> None:
         for a in args:
-            if not isinstance(a, torch.Tensor):
+            if not hasattr(a, "copy_"):
                 raise CaptureError(f"segment {label}: an input is a {type(a).__name__}, not a "
-                                   "device tensor; it cannot be bound into a CUDA graph")
+                                   "device tensor; it cannot be bound into a device graph")
         self.inputs = [a if keep else a.clone() for a, keep in zip(args, stable)]
         self._copy = [i for i, keep in enumerate(stable) if not keep]
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
-            compiled(self.inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.outputs = compiled(self.inputs)
-        except Exception as e:
-            raise CaptureError(f"recording segment {label} failed: {type(e).__name__}: {e}. A "
-                               "kernel in it synchronises with the host without declaring it "
-                               "(KernelSpec.capture); run this model eagerly") from e
+        self.outputs, self._replay = graphs.record(lambda: compiled(self.inputs), label)
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         inputs = self.inputs
         for i in self._copy:
             inputs[i].copy_(args[i])
-        self.graph.replay()
+        self._replay()
         return self.outputs
+
+
+class TorchCudaGraphs:
+    """Records segments as torch CUDA graphs sharing one private memory pool."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch, self._device = torch, device
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def record(self, fn: Callable[[], list[Any]], label: str
+               ) -> tuple[list[Any], Callable[[], None]]:
+        """Warm `fn` up on a side stream (as torch requires), then capture it."""
+        torch, device = self._torch, self._device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = fn()
+        except Exception as e:
+            raise CaptureError(f"recording segment {label} failed: {type(e).__name__}: {e}. A "
+                               "kernel in it synchronises with the host without declaring it "
+                               "(KernelSpec.capture); run this model eagerly") from e
+        graph.replay()  # this step's values in the static outputs, for the next segment
+        return outputs, graph.replay
