@@ -265,8 +265,8 @@ class DecodeMemo:
         if not ok:  # the ordinary path's error: static dims first, then symbols
             for pos in entry.input_slots:
                 if pos is not None:
-                    _static_error(self._validator, pos, values[pos])
-            self._validator._check_symbols(values)
+                    self._validator.check_shape(pos, values[pos])
+            self._validator.check_symbols(values)
 
     def _verified(self, entry: _Entry, values: list[Any], feeds: dict[str, Any],
                   bindings: list[DeviceIoBinding], trace: TraceContext | None,
@@ -448,12 +448,6 @@ def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None], va
         elif len(axes) > 1:
             symbols.append(axes)
     return checks, symbols
-
-
-def _static_error(validator: InputValidator, pos: int, value: Any) -> None:
-    from onnxkiln.validation import _check_shape
-
-    _check_shape(validator.specs[pos].meta, value)
 
 
 def _clone(value: Any) -> Any:

@@ -56,7 +56,7 @@ class InputValidator:
                     f"missing required input '{name}' ({spec.meta}); the model requires "
                     f"{required}"
                 )
-        self._check_symbols(values)
+        self.check_symbols(values)
         signature = tuple(
             (v.dtype, v.shape) if isinstance(v, np.ndarray)
             else (v.dtype, tuple(v.shape)) if self.device is not None and hasattr(v, "shape")
@@ -148,7 +148,11 @@ class InputValidator:
         _check_shape(meta, raw)
         return raw
 
-    def _check_symbols(self, values: list[Any]) -> None:
+    def check_shape(self, position: int, value: Any) -> None:
+        """Raise ShapeError when `value` does not fit the static dims of input `position`."""
+        _check_shape(self.specs[position].meta, value)
+
+    def check_symbols(self, values: list[Any]) -> None:
         seen: dict[str, tuple[int, str, int]] = {}
         for spec, value in zip(self.specs, values):
             shape = spec.meta.shape
