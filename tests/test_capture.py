@@ -577,3 +577,28 @@ def test_cpu_fallback_seam_between_recorded_graphs_replays_like_eager(graphs):
         np.testing.assert_allclose(yb.read(), y, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(nb.read(), n)
     assert graphs.replays == 10
+
+
+def test_a_branch_flip_that_changes_shapes_reruns_the_step_eagerly():
+    then = oh.make_graph([oh.make_node("Slice", ["x", "zero", "two"], ["t"])], "then", [],
+                         [_vi("t", T.FLOAT, [2])])
+    other = oh.make_graph([oh.make_node("Mul", ["x", "three"], ["e"])], "else", [],
+                          [_vi("e", T.FLOAT, [3])])
+    nodes = [oh.make_node("If", ["cond"], ["b"], then_branch=then, else_branch=other),
+             oh.make_node("Relu", ["b"], ["y"])]
+    m = _model(nodes, [_vi("cond", T.BOOL, []), _vi("x", T.FLOAT, [3])],
+               [_vi("y", T.FLOAT, ["n"])],
+               {"zero": np.array([0], np.int64), "two": np.array([2], np.int64),
+                "three": np.array(3, np.float32)})
+    s = _session(m)
+    cb = s.allocate_device_binding("cond", None, ok.DataType.BOOL, (), ())
+    xb = s.allocate_device_binding("x", None, F, (3,), (3,))
+    yb = s.allocate_device_output_binding("y", F, (3,), (2,))
+    cb.write(np.array(True))
+    xb.write(np.array([-1, 2, 5], np.float32))
+    assert s.try_capture_with_device_bindings({}, [cb, xb, yb]).captured
+    np.testing.assert_array_equal(yb.read(), [0, 2])
+    cb.write(np.array(False))  # the else branch has another shape: the Relu segment's guard
+    assert s.replay_device_graph([cb, xb, yb]) is False
+    np.testing.assert_array_equal(yb.read(), [0, 6, 15])
+    assert yb.logical_shape == (3,) and s.captured_graph_segment_count() == 0

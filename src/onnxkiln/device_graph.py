@@ -49,6 +49,7 @@ class _Installed:
     in_place: frozenset[str]
     frozen_feeds: dict[str, Any]
     stores: list[_Store] = field(default_factory=list)
+    host: replay.HostReplay | None = None  # all parts fused (host captures)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class DeviceGraphs:
                                 lambda st: _safe_kernel(st, self._ctx.graph, word),
                                 self._recorder_for())
         parts = replay.build_parts(inp)
+        host = replay.HostReplay(parts, plan) if inp.record is None else None
         self._installed = _Installed(
             {id(b): (b, b.tensor) for b in bindings},
             [(b, b.logical_shape) for s, b in bound.items() if s not in growing],
@@ -166,7 +168,8 @@ class DeviceGraphs:
             parts,
             [(s, baked.get(s, _LIVE)) for s in plan.output_slots],
             len(plan.slot_names), in_place,
-            {n: recorded[s] for n, s in slot_of.items() if s in frozen_slots and s in recorded})
+            {n: recorded[s] for n, s in slot_of.items() if s in frozen_slots and s in recorded},
+            host=host)
 
     def _violation_word(self) -> Any:
         if self._word is None:
@@ -218,6 +221,8 @@ class DeviceGraphs:
         if trace.enabled:
             with trace.run_span("model_replay", graph=self._ctx.graph.name or "main"):
                 valid = replay.run_parts(g.parts, env, trace)
+        elif g.host is not None:
+            valid = g.host(env)
         else:
             valid = replay.run_parts(g.parts, env)
         outputs = [env[s] if v is _LIVE else v for s, v in g.outputs]

@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.capture import Audit
-from onnxkiln.errors import CaptureError
+from onnxkiln.errors import CaptureError, SessionError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan, Step, lifetimes
+from onnxkiln.providers.base import KernelSpec
 from onnxkiln.trace import TraceContext
 
-__all__ = ["Part", "Recorder", "build_parts", "run_parts"]
+__all__ = ["HostReplay", "Part", "Recorder", "build_parts", "run_parts"]
 
 
 class Recorder:
@@ -84,12 +85,13 @@ class Part:
     branches: list[tuple[int, bool]] = field(default_factory=list)
 
 
-def run_parts(parts: Sequence[Part], env: list[Any], trace: TraceContext | None = None
-              ) -> bool:
+def run_parts(parts: Sequence[Part], env: list[Any], trace: TraceContext | None = None,
+              force_eager: bool = False) -> bool:
     """Run the parts over the slot values in `env`; False when the graph must retire (a
     segment's input changed shape or an If flipped: the rest ran eagerly). With `trace`,
-    seams get one span per op and each captured segment one span."""
-    valid = True
+    seams get one span per op and each captured segment one span; `force_eager` runs every
+    part in its eager form."""
+    valid = not force_eager
     for part in parts:
         args = [env[s] for s in part.entry]
         if valid and part.guards:
@@ -119,6 +121,76 @@ def _traced(part: Part, run: Callable[[Sequence[Any]], list[Any]], args: list[An
                         steps=len(part.steps), first_step=part.steps[0],
                         last_step=part.steps[-1]):
         return run(args)
+
+
+class _Retire(SessionError):
+    """A fused host replay met a segment input of another shape than at capture."""
+
+
+_GUARD = KernelSpec("onnxkiln", "CaptureGuard", 1, None, lambda *a: None)
+
+
+class HostReplay:
+    """All parts of a host capture as one generated function: segments' replay lists, seam
+    kernels, and checks in between (a segment input's shape: on a change the step reruns
+    part by part eagerly; an If's branch: a flip is noted, the If itself chose right).
+    Saves the per-part dispatch of `run_parts` when a capture has many seams."""
+
+    def __init__(self, parts: Sequence[Part], plan: Plan) -> None:
+        self._parts = parts
+        self._flipped = [False]
+        steps: list[Step] = []
+        consts: dict[int, Any] = {}
+        produced: set[int] = set()
+        entry: list[int] = []
+        for part in parts:
+            compiled = part.run  # a CompiledPlan on the host
+            consts.update(compiled.plan.constants)
+            for s in part.entry:
+                if s not in produced and s not in entry:
+                    entry.append(s)
+            if part.captured:
+                steps += [_check(part.entry[pos], _shape_check(shape), "segment input")
+                          for pos, shape in part.guards]
+            steps += compiled.plan.steps
+            steps += [_check(slot, _branch_check(taken, self._flipped), "If branch")
+                      for slot, taken in part.branches]
+            produced.update(s for st in compiled.plan.steps for s in st.outputs if s is not None)
+        exits = [s for s in dict.fromkeys(plan.output_slots) if s in produced]
+        self.entry = entry
+        self.exit = exits
+        self._run = CompiledPlan(_sub_plan(plan, steps, entry, exits, consts), inplace=False)
+
+    def __call__(self, env: list[Any]) -> bool:
+        """Run over `env` (as run_parts does); False when the graph must retire."""
+        self._flipped[0] = False
+        try:
+            outs = self._run([env[s] for s in self.entry])
+        except _Retire:  # nothing escaped the step yet: rerun it part by part, eagerly
+            run_parts(self._parts, env, force_eager=True)
+            return False
+        for s, v in zip(self.exit, outs):
+            env[s] = v
+        return not self._flipped[0]
+
+
+def _check(slot: int, kernel: Callable[[Any], None], what: str) -> Step:
+    return Step(-1, f"check {what}", "CaptureGuard", "onnxkiln", 1, "cpu", _GUARD, kernel,
+                (slot,), (None,))
+
+
+def _shape_check(shape: tuple[int, ...]) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if tuple(value.shape) != shape:
+            raise _Retire("a segment input changed shape")
+    return check
+
+
+def _branch_check(taken: bool, flipped: list[bool]) -> Callable[[Any], None]:
+    def check(cond: Any) -> None:
+        if bool(cond) != taken:
+            flipped[0] = True
+    return check
 
 
 def split(plan: Plan, audit: Audit) -> list[tuple[bool, list[int]]]:
