@@ -158,6 +158,18 @@ def store(buffer: Any, region: tuple[slice, ...], value: Any) -> None:
         buffer[region].copy_(value)
 
 
+APPEND_VARIANT = "concat.kv_append_in_place"
+"""The variant of a KV output appended in place: its binding grows every step."""
+
+
+def copy_value(value: Any) -> Any:
+    """A copy of a numpy array or torch tensor (other values as they are)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    clone = getattr(value, "clone", None)
+    return clone() if callable(clone) else value
+
+
 def append_kernel(binding: DeviceIoBinding, axis: int):
     """A Concat(past, new) kernel for a KV binding: writes only `new`, after the past.
 
@@ -183,7 +195,7 @@ def append_kernel(binding: DeviceIoBinding, axis: int):
         store(buffer, (*lead, slice(start, end), *tail), new)
         return buffer[(*lead, slice(0, end), *tail)]
 
-    append.variant = "concat.kv_append_in_place"
+    append.variant = APPEND_VARIANT
     return append
 
 

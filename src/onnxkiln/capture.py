@@ -50,12 +50,11 @@ _COPIES = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 @dataclass
 class Audit:
     """Per step of the plan: `seams[i]` (kind, reason) or None, `static[i]`; the declines in
-    plan order; `growing` slots (their shape follows an appended KV binding)."""
+    plan order."""
 
     seams: list[tuple[SeamKind, str] | None]
     static: list[bool]
     declines: list[CaptureDecline] = field(default_factory=list)
-    growing: frozenset[int] = frozenset()
 
     @property
     def captured_steps(self) -> int:
@@ -76,12 +75,12 @@ class Audit:
 @dataclass
 class AuditInputs:
     """What the audit knows beyond the plan: which input slots are frozen (plain arrays
-    given at capture, or defaults), which grow, the measured growing slots, the device
-    provider's name (None on a host-only session), the placer's fallback reasons, and the
-    bound input slots (on a device session their upload is the tensor itself)."""
+    given at capture, or defaults), the slots measured to grow (appended inputs included),
+    the device provider's name (None on a host-only session), the placer's fallback
+    reasons, and the bound input slots (on a device session their upload is the tensor
+    itself)."""
 
     frozen: frozenset[int]
-    growing_inputs: frozenset[int]
     growing: frozenset[int]
     growth_source: str = ""
     device_provider: str | None = None
@@ -112,7 +111,7 @@ def audit(plan: Plan, graph: ir.Graph, facts: AuditInputs) -> Audit:
         if seam is not None:
             declines.append(CaptureDecline(step.node_id, step.name, step.op_type,
                                            step.domain, seam[0], seam[1]))
-    return Audit(seams, statics, declines, frozenset(facts.growing))
+    return Audit(seams, statics, declines)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.bindings import DeviceIoBinding, SessionBindings, store
+from onnxkiln.bindings import DeviceIoBinding, SessionBindings, copy_value, store
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
 from onnxkiln.plan import Plan, Step, lifetimes
@@ -274,7 +274,7 @@ class DecodeMemo:
         """The replayed step, then the ordinary path from the state before it; both must
         agree bit for bit (decode.verify=1)."""
         provider = self._bindings.provider
-        saved = [(b, b.logical_shape, _clone(b.view())) for b in bindings
+        saved = [(b, b.logical_shape, copy_value(b.view())) for b in bindings
                  if b.input_name and b.output_name]
         memo = self._replay(entry, values, bindings, trace)
         memo_outputs = [_host(provider, v, copy=True) for v in memo]
@@ -448,10 +448,6 @@ def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None], va
         elif len(axes) > 1:
             symbols.append(axes)
     return checks, symbols
-
-
-def _clone(value: Any) -> Any:
-    return value.copy() if isinstance(value, np.ndarray) else value.clone()
 
 
 def _host(provider: Any, value: Any, copy: bool = False) -> Any:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxkiln import capture, replay
-from onnxkiln.bindings import DeviceIoBinding
+from onnxkiln.bindings import APPEND_VARIANT, DeviceIoBinding, copy_value
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan, Step
@@ -19,8 +19,6 @@ from onnxkiln.trace import StepTracer, TraceContext, step_meta
 from onnxkiln.types import Captured, CaptureDecline, NotCapturable
 
 __all__ = ["CaptureContext", "DeviceGraphs"]
-
-APPEND_VARIANT = "concat.kv_append_in_place"
 
 
 @dataclass
@@ -88,10 +86,10 @@ class DeviceGraphs:
         frozen = frozenset(s for s in plan.input_slots if s not in bound)
         for i, s in enumerate(plan.input_slots):  # plain inputs are frozen: keep our copy
             if s in frozen and values[i] is not None:
-                values[i] = _copy(values[i])
+                values[i] = copy_value(values[i])
         grown = self._probe(values, plan, growing) if growing else frozenset()
         facts = capture.AuditInputs(
-            frozen, frozenset(growing), grown,
+            frozen, grown,
             ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
                       in growing), ctx.device_provider, ctx.fallback_reasons, frozenset(bound))
         audit = capture.audit(plan, ctx.graph, facts)
@@ -336,13 +334,6 @@ def _extended(value: Any, axis: int, extra: int) -> Any:
         out = torch.zeros(shape, dtype=value.dtype, device=value.device)
     out[region] = value
     return out
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    clone = getattr(value, "clone", None)
-    return clone() if callable(clone) else value
 
 
 def _downstream(plan: Plan, slots: set[int]) -> frozenset[int]:
