@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxkiln import InferenceSession, ep_context, ep_context_load, loader
-from onnxkiln import session as session_module
+from onnxkiln import builder as builder_module
 from onnxkiln.ep_context import CompiledPartition, EpContextDumpConfig
 from onnxkiln.errors import EpContextError
 from onnxkiln.partition import Placement
@@ -53,7 +53,7 @@ def model_file(tmp_path):
 
 def _use(monkeypatch, *providers):
     placement = Placement((*providers, CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
-    monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
+    monkeypatch.setattr(builder_module, "select_providers", lambda *_: placement)
 
 
 def _run(model):

@@ -172,7 +172,7 @@ def test_scan_body_ops_are_child_spans():
 
 
 def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
-    from onnxkiln import session as session_module
+    from onnxkiln import builder as builder_module
     from onnxkiln.partition import Placement
     from onnxkiln.providers.base import KernelRegistry
     from onnxkiln.providers.cpu.provider import CpuProvider
@@ -194,7 +194,7 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
 
     Custom.registry = registry
     placement = Placement((Custom(), CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
-    monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
+    monkeypatch.setattr(builder_module, "select_providers", lambda *_: placement)
     model = make_model([helper.make_node("Relu", ["x"], ["y"])],
                        [tensor_info("x", np.float32, [2, 2])],
                        [tensor_info("y", np.float32, [2, 2])])

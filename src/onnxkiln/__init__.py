@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from onnxkiln.builder import SessionBuilder
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
     CaptureError,
@@ -21,7 +22,7 @@ from onnxkiln.errors import (
     UnknownOptionError,
     UnsupportedOpError,
 )
-from onnxkiln.session import InferenceSession, SessionBuilder
+from onnxkiln.session import InferenceSession
 from onnxkiln.trace import Span, TraceContext
 from onnxkiln.types import (
     CacheStats,

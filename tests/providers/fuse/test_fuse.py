@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxkiln import InferenceSession, ep_context, ep_context_load, loader
-from onnxkiln import session as session_module
+from onnxkiln import builder as builder_module
 from onnxkiln.partition import Placement
 from onnxkiln.providers.cpu.provider import CpuProvider
 from onnxkiln.providers.fuse import FuseProvider, codegen
@@ -53,7 +53,7 @@ def _fused(proto, backend, monkeypatch):
     model, parts = ep_context_load.apply_fuse(loader.from_graph(proto), fuse,
                                          ep_context.EpContextDumpConfig())
     placement = Placement((fuse, CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
-    monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
+    monkeypatch.setattr(builder_module, "select_providers", lambda *_: placement)
     fused = InferenceSession.builder().optimization("disabled").from_graph(model)
     return fused, plain, parts, fuse
 
@@ -287,7 +287,7 @@ def test_rewritten_model_runs_from_its_serialized_form(monkeypatch):
         node.attribute.extend(kept)
     before = codegen.CODEGEN_CALLS[0]
     placement = Placement((fuse, CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
-    monkeypatch.setattr(session_module, "select_providers", lambda *_: placement)
+    monkeypatch.setattr(builder_module, "select_providers", lambda *_: placement)
     s = InferenceSession.builder().optimization("disabled").from_graph(proto)
     x = np.zeros((1, 4, 16), np.float32)
     out = s.run({"x": x, "r": np.zeros((1, 16), np.float32)})
