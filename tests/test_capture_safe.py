@@ -11,9 +11,9 @@ from onnx import TensorProto, helper
 
 import onnxkiln as ok
 from onnxkiln.bindings import scatter_write_kernel
-from onnxkiln.capture_safe import ViolationWord, capture_safe_kernel, guarded_bit
 from onnxkiln.plan import Step
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.capture_safe import ViolationWord, capture_safe_kernel, guarded_bit
 from onnxkiln.providers.cpu import REGISTRY as CPU
 from onnxkiln.providers.cpu.provider import CpuProvider
 from onnxkiln.types import CaptureViolation as CV

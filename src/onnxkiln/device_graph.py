@@ -15,6 +15,7 @@ from onnxkiln.bindings import APPEND_VARIANT, DeviceIoBinding, copy_value
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan, Step
+from onnxkiln.providers.capture_safe import ViolationWord, capture_safe_kernel
 from onnxkiln.trace import StepTracer, TraceContext, step_meta
 from onnxkiln.types import Captured, CaptureDecline, NotCapturable
 
@@ -171,8 +172,6 @@ class DeviceGraphs:
 
     def _violation_word(self) -> Any:
         if self._word is None:
-            from onnxkiln.capture_safe import ViolationWord
-
             self._word = ViolationWord.for_provider(self._ctx.provider)
         return self._word
 
@@ -353,8 +352,6 @@ def _changing_conditions(plan: Plan, graph: ir.Graph, audit: capture.Audit,
 
 
 def _safe_kernel(step: Step, graph: ir.Graph, word: Any) -> Any:
-    from onnxkiln.capture_safe import capture_safe_kernel
-
     attrs = {}
     if step.node_id >= 0:
         attrs = {k: a.value for k, a in graph.node(step.node_id).attributes.items()}

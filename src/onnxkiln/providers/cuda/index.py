@@ -3,7 +3,7 @@
 Eager calls check index bounds and raise IndexError naming the op, the bad index and the
 valid range, like the CPU provider (one host sync per call, the price of a clear error);
 negative indices wrap as in ONNX. Each indexing kernel carries `.unchecked`, the same kernel
-without that sync (out-of-range indices clamped), for onnxkiln.capture_safe: its wrappers clamp
+without that sync (out-of-range indices clamped), for providers.capture_safe: its wrappers clamp
 and flag a violation bit on the device first, so a captured replay never syncs or raises.
 """
 
