@@ -112,18 +112,23 @@ class InferenceSession:
         self._bindings = SessionBindings(next((p for p in placement.providers if not p.on_host),
                                               placement.providers[0]),
                                          self._inputs, self._outputs, plans)
-        device = self._bindings.provider
-        self._graphs = DeviceGraphs(CaptureContext(
-            model.graph, [m.name for m in self._inputs], [m.name for m in self._outputs],
-            self._compiled, device, None if device.on_host else device.name,
-            {d.node_id: d.reason for d in (self._fallback.declines if self._fallback else [])},
-            self._options.get("capture.allow_seams", "1") == "1"))
+        self._graphs = self._device_graphs()
         self._decode_memo = DecodeMemo(self._validator, self._cache, self._bindings,
                                        [m.name for m in self._outputs], self._copy_outputs,
                                        self._threads, self._model.graph.name, self._options)
         self._bindings.release_hooks += [self._decode_memo.forget, self._graphs.forget]
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
         self._last_peak: int | None = None
+
+    def _device_graphs(self) -> DeviceGraphs:
+        """The capture state (SPEC §7) over this session's plan, bindings and placement."""
+        device = self._bindings.provider
+        declines = self._fallback.declines if self._fallback else []
+        return DeviceGraphs(CaptureContext(
+            self._model.graph, [m.name for m in self._inputs], [m.name for m in self._outputs],
+            self._compiled, device, None if device.on_host else device.name,
+            {d.node_id: d.reason for d in declines},
+            self._options.get("capture.allow_seams", "1") == "1"))
 
     # construction -----------------------------------------------------------
     @classmethod
