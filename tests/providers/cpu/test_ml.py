@@ -655,6 +655,16 @@ def test_tree_classifier_binary_conventions(post, weights, base):
     assert_matches_ort(model, {"x": x}, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+def test_tree_classifier_binary_one_base_value(post):
+    # skl2onnx's binary GradientBoostingClassifier: class-0 margins and one base value
+    rng = np.random.default_rng(25)
+    attrs = gradient_boosting(rng, 12, prefix="class")
+    x = x_with_nan(rng, 60, 5, nan=0.0)
+    check("TreeEnsembleClassifier", {"x": x}, 2, post_transform=post, base_values=[-0.4],
+          classlabels_int64s=[0, 1], **attrs)
+
+
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
 @pytest.mark.parametrize("post", POSTS)
 def test_tree_regressor_modes_nan_multitarget(aggregate, post):

@@ -402,7 +402,7 @@ def tree_ensemble_classifier(info: NodeInfo):
     post = post_transform(a.get("post_transform"), op)
     base = float_attr(a, "base_values", _F64)
     base = np.zeros(0) if base is None else base
-    if base.size not in (0, k):
+    if base.size not in (0, k) and not (k == 2 and base.size == 1):
         raise ValueError(f"{op}: base_values has {base.size} values; expected 0 or {k}")
     binary_case = k == 2 and len(set(a.get("class_ids") or [])) == 1
     forests: dict[np.dtype, _Forest] = {}
@@ -449,6 +449,8 @@ def tree_ensemble_classifier(info: NodeInfo):
             s1 = np.where(h1, s1_new, s1 + base[1])
             single = np.zeros(s0.shape, dtype=bool)
         else:
+            # one base value (skl2onnx's binary gradient boosting): class 0's margin
+            s0 = s0 + base[0] if base.size else s0
             single = ~h1
         s0 = np.where(h0, s0, 0.0).astype(_F32)
         s1 = np.where(h1, s1, 0.0).astype(_F32)
