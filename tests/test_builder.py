@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -127,6 +126,7 @@ OPTION_CASES = [  # key, a valid value, an invalid value, the error it gives
     ("optimized_model_path", "opt.onnx", "out\\", "must name a file"),
     ("memory.inplace", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
     ("memory.track", "1", "2", r"must be one of \['0', '1'\], got '2'"),
+    ("specialize", "0", "off", r"must be one of \['0', '1'\], got 'off'"),
     ("testing.cuda_on_torch_cpu", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
 ]
 
@@ -155,7 +155,7 @@ def test_unknown_option_lists_every_valid_key_and_the_closest():
         "'decode.memo', 'decode.verify', "
         "'ep.context_embed_mode', 'ep.context_enable', 'ep.context_file_path', "
         "'ep.context_node_name_prefix', 'memory.inplace', 'memory.track', "
-        "'optimized_model_path', 'testing.cuda_on_torch_cpu']; did you mean "
+        "'optimized_model_path', 'specialize', 'testing.cuda_on_torch_cpu']; did you mean "
         "'ep.context_embed_mode'?")
     assert isinstance(info.value, KeyError)
 
@@ -426,26 +426,10 @@ def test_broadcasting_over_computed_shapes_is_refused_before_allocating():
     np.testing.assert_array_equal(s.run(small)[0], np.full((n, 1), 2, np.float32))
 
 
-def test_default_threads_are_the_physical_cores(monkeypatch):
+def test_default_threads_are_the_physical_cores():
     from onnxkiln import threads
 
     assert 1 <= threads.physical_cores() <= (os.cpu_count() or 1)
-    calls = []
-
-    class Limit:
-        def limit(self, limits, user_api):
-            calls.append((limits, user_api))
-            return contextlib.nullcontext()
-
-        def info(self):
-            return [{"user_api": "blas", "num_threads": threads.physical_cores() + 3}]
-
-    monkeypatch.setattr(threads, "_controller", lambda: Limit())
-    threads.default_threads.cache_clear()
-    try:
-        s = InferenceSession.from_graph(_pair_model())
-        assert s._threads == threads.physical_cores()
-        s.run({"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)})
-        assert calls == [(threads.physical_cores(), "blas")]
-    finally:
-        threads.default_threads.cache_clear()
+    s = InferenceSession.from_graph(_pair_model())
+    assert s._threads == threads.physical_cores() == threads.default_threads()
+    assert InferenceSession.builder().intra_op_threads(1).from_graph(_pair_model())._threads == 1

@@ -213,30 +213,22 @@ def test_cuda_device_falls_back_to_cpu_with_a_warning(caplog):
     np.testing.assert_array_equal(s.run({"a": A, "b": B})[1], A * 2)
 
 
-def test_intra_op_threads_limits_blas_during_run(monkeypatch):
-    from onnxkiln import session as session_module
-    from onnxkiln.threads import thread_limit
+def test_blas_is_single_threaded_during_a_run_and_restored_after():
+    from onnxkiln import threads
 
+    s = InferenceSession.builder().intra_op_threads(2).from_graph(_two_input_model())
+    before = threads.blas_threads()
     seen = []
+    generic = s._compiled
 
-    def spy(n):
-        seen.append(n)
-        return thread_limit(n)
+    def spy(values):
+        seen.append(threads.blas_threads())
+        return generic(values)
 
-    monkeypatch.setattr(session_module, "thread_limit", spy)
-    s = InferenceSession.builder().intra_op_threads(1).from_graph(_two_input_model())
+    s._compiled = spy
     s.run({"a": A, "b": B})
-    assert seen == [1]
-
-
-def test_thread_limit_sets_blas_threads():
-    from threadpoolctl import threadpool_info
-
-    from onnxkiln.threads import thread_limit
-
-    with thread_limit(1):
-        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
-        assert blas and all(p["num_threads"] == 1 for p in blas)
+    assert seen and all(n == 1 for n in seen[0].values())
+    assert threads.blas_threads() == before
 
 
 def test_kernel_failure_names_node_and_chains_the_cause():

@@ -35,8 +35,8 @@ from onnxkiln.bindings import DeviceIoBinding, SessionBindings, copy_value, stor
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
 from onnxkiln.plan import Plan, Step, lifetimes
+from onnxkiln.pool import run_scope
 from onnxkiln.specialize import SpecializationCache
-from onnxkiln.threads import thread_limit
 from onnxkiln.trace import TraceContext
 from onnxkiln.validation import InputValidator
 
@@ -179,7 +179,7 @@ class DecodeMemo:
 
     def _execute(self, compiled: CompiledPlan, values: list[Any], trace: TraceContext | None,
                  hooks: Any = None) -> list[Any]:
-        with thread_limit(self._threads):
+        with run_scope(self._threads):
             if trace is not None and trace.enabled:
                 with trace.run_span("model_run", graph=self._graph_name):
                     return compiled.hooked(values, combine_hooks(hooks, compiled.tracer(trace)))

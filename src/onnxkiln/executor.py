@@ -30,6 +30,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
 __all__ = [
     "CancelHook",
     "CompiledPlan",
+    "Guard",
     "HookPair",
     "SubgraphRunner",
     "cancel_scope",
@@ -53,6 +55,16 @@ __all__ = [
 
 _counter = itertools.count()
 _state = threading.local()  # .cancel: the cancel event of the run in progress on this thread
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A step specialised for input shapes that may change between runs of one signature:
+    `shapes` are (slot, shape) pairs checked before the call; when one differs the step
+    runs `fallback` (the generic kernel) instead."""
+
+    fallback: Callable[..., Any]
+    shapes: tuple[tuple[int, tuple[int, ...]], ...]
 
 
 class CompiledPlan:
@@ -66,19 +78,27 @@ class CompiledPlan:
     untraced path carries no per-op check at all.
     """
 
-    def __init__(self, plan: Plan, inplace: bool | None = None) -> None:
+    def __init__(self, plan: Plan, inplace: bool | None = None,
+                 guards: dict[int, Guard] | None = None) -> None:
         self.plan = plan
         self.filename = f"<onnxkiln plan {next(_counter)}>"
         if inplace is None:
             inplace = inplace_default()
         self.inplace = inplace and _RC is not None
+        guards = guards or {}
         self.donations = plan_donations(plan) if self.inplace else {}
-        source, self._line_steps = _generate(plan, self.donations)
+        for i in guards:  # a guarded step may take either kernel: it never writes in place
+            self.donations.pop(i, None)
+        source, self._line_steps = _generate(plan, self.donations, guards)
         namespace: dict[str, Any] = {"_rc": sys.getrefcount, "_nd": np.ndarray, "_RC": _RC,
                                      "_MIN": MIN_DONATE_BYTES, "_sole": _sole_base,
                                      "_OutErr": (ValueError, TypeError)}
         for i, step in enumerate(plan.steps):
             namespace[f"k{i}"] = step.kernel
+        for i, guard in guards.items():
+            namespace[f"f{i}"] = guard.fallback
+            for j, (_, shape) in enumerate(guard.shapes):
+                namespace[f"g{i}_{j}"] = shape
         for s, value in plan.constants.items():
             namespace[f"c{s}"] = value
         exec(compile(source, self.filename, "exec"), namespace)
@@ -195,9 +215,10 @@ _RC = _calibrate()
 
 
 def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
-              ) -> tuple[str, dict[int, int]]:
+              guards: dict[int, Guard] | None = None) -> tuple[str, dict[int, int]]:
     """Source of `run` and `run_hooked`, and a map from kernel-call line to step index."""
     donations = donations or {}
+    guards = guards or {}
 
     def ref(slot: int | None) -> str:
         if slot is None:
@@ -237,24 +258,37 @@ def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
                 if step.domain == "" and step.op_type in SIZED_OPS:
                     emit(f"h.sizing({i}, ({args}{',' if step.inputs else ''}))", i)
                 emit(f"_h = h.start({i})")
-            if step.spec.multi_output:
-                emit(f"_t = k{i}({args})", i)
-                for j, s in enumerate(step.outputs):
-                    if s is not None:
-                        emit(f"v{s} = _t[{j}]", i)
-                emit("del _t")  # the tuple would keep its items' reference counts up
+            if i in guards:
+                checks = " and ".join(f"v{slot}.shape == g{i}_{j}"
+                                      for j, (slot, _) in enumerate(guards[i].shapes))
+                emit(f"if {checks}:", i)
+                _emit_call(lambda text, at=None: emit("    " + text, at), i, step, f"k{i}", args)
+                emit("else:")
+                _emit_call(lambda text, at=None: emit("    " + text, at), i, step, f"f{i}", args)
             elif i in donations:
                 _emit_donating(emit, i, step, args, donations[i][1])
-            elif step.outputs and step.outputs[0] is not None:
-                emit(f"v{step.outputs[0]} = k{i}({args})", i)
             else:
-                emit(f"k{i}({args})", i)
+                _emit_call(emit, i, step, f"k{i}", args)
             if hooked:
                 emit(f"h.finish(_h, ({args}{',' if step.inputs else ''}), "
                      f"({''.join(f'v{s}, ' for s in outs)}))")
             dels(i)
         emit(f"return [{', '.join(ref(s) for s in plan.output_slots)}]")
     return "\n".join(lines) + "\n", line_steps
+
+
+def _emit_call(emit: Callable[..., None], i: int, step: Step, kernel: str, args: str) -> None:
+    """The kernel call of step i and the binding of its outputs."""
+    if step.spec.multi_output:
+        emit(f"_t = {kernel}({args})", i)
+        for j, s in enumerate(step.outputs):
+            if s is not None:
+                emit(f"v{s} = _t[{j}]", i)
+        emit("del _t")  # the tuple would keep its items' reference counts up
+    elif step.outputs and step.outputs[0] is not None:
+        emit(f"v{step.outputs[0]} = {kernel}({args})", i)
+    else:
+        emit(f"{kernel}({args})", i)
 
 
 def _emit_donating(emit: Callable[..., None], i: int, step: Step, args: str, slot: int) -> None:

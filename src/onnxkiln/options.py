@@ -22,6 +22,7 @@ KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "optimized_model_path": None,
     "memory.inplace": ("0", "1"),  # write elementwise results into dying inputs (default 1)
     "memory.track": ("0", "1"),  # measure each run's peak live bytes (memory_stats())
+    "specialize": ("0", "1"),  # per-signature specialised plans (default 1; 0 for A/B runs)
     # test-only: run the CUDA provider's torch kernels on torch's CPU device (no GPU needed)
     "testing.cuda_on_torch_cpu": ("0", "1"),
 }

@@ -35,9 +35,10 @@ from onnxkiln.partition import (
     with_context_providers,
 )
 from onnxkiln.plan import Plan
+from onnxkiln.pool import run_enter, run_leave, run_scope
 from onnxkiln.providers.base import ControlFlowCounter
-from onnxkiln.specialize import Specialization, SpecializationCache
-from onnxkiln.threads import default_threads, thread_limit
+from onnxkiln.specialize import PlanSpecializer, Specialization, SpecializationCache
+from onnxkiln.threads import default_threads
 from onnxkiln.trace import TraceContext
 from onnxkiln.types import (
     CacheStats,
@@ -97,6 +98,8 @@ class InferenceSession:
                                          device=next((p for p in placement.providers
                                                       if not p.on_host), None))
         self._cache = SpecializationCache(self._specialize)
+        self._specializer = (PlanSpecializer(self._compiled, model.graph)
+                             if self._options.get("specialize", "1") != "0" else None)
         self._copy_outputs = self._plan.output_may_alias
         self._trace = config._trace
         self._memory_limit = config._memory_limit
@@ -186,52 +189,87 @@ class InferenceSession:
             for meta, value in zip(self._outputs, self._run(inputs, cancel=cancel))
         ]
 
-    def _run(self, inputs: Any, trace: bool = True, cancel: Any = None) -> list[Any]:
+    def _run(self, inputs: Any, trace: bool = True, cancel: Any = None,
+             specialize_now: bool = False) -> list[Any]:
         if cancel is not None:
             _check_cancel(cancel)
         values, signature = self._validator.bind(inputs)
-        self._cache.get(signature)
-        with thread_limit(self._threads):
-            if ((trace and self._trace.enabled) or self._track_memory
-                    or cancel is not None):
-                outputs = self._run_hooked(values, self._trace if trace else None, cancel)
+        entry = self._cache.get(signature)
+        compiled = entry.compiled
+        previous = run_enter(self._threads)
+        try:
+            if (trace and self._trace.enabled) or self._track_memory or cancel is not None:
+                outputs, compiled = self._run_hooked(values, self._trace if trace else None,
+                                                     cancel, compiled)
+            elif compiled is not None:
+                outputs = compiled(values)
+            elif ((entry.sightings > 1 or specialize_now) and self._specializer is not None
+                  and self._cache.claim_build(entry)):
+                outputs = self._record_and_build(values, entry)
             else:
                 outputs = self._compiled(values)
+        finally:
+            run_leave(previous)
+        return self._finish(outputs, self._copy_outputs if compiled is None
+                            else entry.copy_outputs)
+
+    def _finish(self, outputs: list[Any], copy: Sequence[bool]) -> list[Any]:
+        """Outputs the caller owns: arrays (not numpy scalars), never a constant's or an
+        input's memory, never read-only."""
         for i, value in enumerate(outputs):
-            if isinstance(value, np.generic):
+            if type(value) is np.ndarray:
+                if copy[i] or not value.flags.writeable:
+                    outputs[i] = value.copy()
+            elif isinstance(value, np.generic):
                 outputs[i] = np.asarray(value)
-            elif isinstance(value, np.ndarray) and (
-                self._copy_outputs[i] or not value.flags.writeable
-            ):
-                outputs[i] = value.copy()
+            elif isinstance(value, np.ndarray):
+                if copy[i] or not value.flags.writeable:
+                    outputs[i] = value.copy()
             elif isinstance(value, list):  # elements may be the caller's own input arrays
                 outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
         return outputs
 
+    def _record_and_build(self, values: list[Any], entry: Specialization) -> list[Any]:
+        """Run the generic plan once, recording, and build the signature's specialisation
+        from what it saw (onnxkiln.specialize); a failed build leaves the generic plan."""
+        outputs, recorder = self._specializer.record(values)
+        try:
+            self._specializer.build(recorder, entry)
+        except Exception:
+            logger.warning("could not specialise the plan for signature %s; the generic plan "
+                           "keeps running it", entry.signature, exc_info=True)
+        return outputs
+
     def _run_hooked(self, values: list[Any], ctx: TraceContext | None,
-                    cancel: Any = None) -> list[Any]:
+                    cancel: Any = None, compiled: CompiledPlan | None = None
+                    ) -> tuple[list[Any], CompiledPlan | None]:
+        """A run with step hooks; the signature's specialised plan when it has one, except
+        with memory tracking (its accounting follows the generic plan's steps). Returns the
+        outputs and the specialised plan that ran (None: the generic one)."""
         tracker = None
         if self._track_memory:
+            compiled = None
             if self._memory_limit is not None and self._size_predictors is None:
                 self._size_predictors = sizes.predictors(self._plan.steps, self._model.graph)
             tracker = MemoryTracker(self._memory_plan, self._memory_limit or float("inf"),
                                     values, self._size_predictors)
+        plan = self._compiled if compiled is None else compiled
         stop = None
         if cancel is not None:
             if cancel.is_set():
                 raise cancelled("main")
-            stop = CancelHook(cancel, self._plan)
+            stop = CancelHook(cancel, plan.plan)
         with cancel_scope(cancel):
             if ctx is None or not ctx.enabled:
-                outputs = self._compiled.hooked(values, combine_hooks(stop, tracker))
+                outputs = plan.hooked(values, combine_hooks(stop, tracker))
             else:
                 with ctx.run_span("model_run", graph=self._model.graph.name or "main"):
-                    hooks = combine_hooks(stop, self._compiled.tracer(ctx), tracker)
-                    outputs = self._compiled.hooked(values, hooks)
+                    hooks = combine_hooks(stop, plan.tracer(ctx), tracker)
+                    outputs = plan.hooked(values, hooks)
         if tracker is not None:
             self._last_peak, self._last_reuses = tracker.peak, tracker.reuses
             self._peaks.observe(self._cache.last_signature, tracker.sizes)
-        return outputs
+        return outputs, compiled
 
     def _specialize(self, signature: Any) -> Specialization:
         if self._memory_limit is None:
@@ -250,10 +288,10 @@ class InferenceSession:
 
         A repeated input name starts a new shape set. Inputs a set leaves out take their
         declared shape, symbolic dims bound from the named inputs. Each set runs once,
-        untraced, on zeros, so shape-keyed kernel state is built too.
+        untraced, on zeros, recording what its specialised plan needs.
         """
         for group in warmup.shape_sets(shapes):
-            self._run(warmup.feeds(self._inputs, group), trace=False)
+            self._run(warmup.feeds(self._inputs, group), trace=False, specialize_now=True)
 
     def set_trace_context(self, ctx: TraceContext) -> None:
         """Trace later runs into `ctx`; TraceContext.disabled() turns tracing off."""
@@ -364,7 +402,7 @@ class InferenceSession:
         self._cache.get(signature)
         self._decode_memo.note_ineligible()
         compiled, in_place = self._bindings.plans.get(bindings)
-        with thread_limit(self._threads):
+        with run_scope(self._threads):
             return self._graphs.capture(
                 values, bindings, compiled, in_place, self._trace,
                 lambda outs: self._bindings.write_back(outs, bindings, in_place))
@@ -375,7 +413,7 @@ class InferenceSession:
         (its outputs are correct) and the graph is retired: capture again. Other bindings
         than the capture's, or a released one, raise CaptureError."""
         self._decode_memo.note_ineligible()
-        with thread_limit(self._threads):
+        with run_scope(self._threads):
             return self._graphs.replay(
                 bindings, lambda outs, in_place: self._bindings.write_back(outs, bindings,
                                                                            in_place),

@@ -1,31 +1,89 @@
-"""Intra-op thread control for BLAS through threadpoolctl."""
+"""BLAS threads and core counts.
+
+onnxkiln splits work across its own pool (onnxkiln.pool), so every BLAS call inside a
+run is single-threaded: a BLAS pool of its own would spin-wait for a descheduled partner
+on every call when other processes share the cores. OpenBLAS's pthreads build has no
+per-thread limit (`openblas_set_num_threads_local` changes the process-wide count), so
+the limit is process-wide and reference-counted: the first run to start sets every
+loaded BLAS library to one thread, the last to end restores what it had. That costs two
+C calls per run (a few µs), never threadpoolctl's library scan: the scan runs once, and
+again only when modules were imported since (a lazily imported scipy brings its own
+OpenBLAS). Outside runs the caller's own numpy keeps its BLAS threads.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from collections.abc import Iterator
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
-__all__ = ["default_threads", "physical_cores", "thread_limit"]
-
-
-@functools.cache
-def _controller():
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
+__all__ = ["blas_enter", "blas_leave", "blas_threads", "default_threads", "physical_cores"]
 
 
-@contextlib.contextmanager
-def thread_limit(n: int | None) -> Iterator[None]:
-    """Limit BLAS to n threads inside the block; None leaves BLAS alone."""
-    if n is None:
-        yield
-        return
-    with _controller().limit(limits=n, user_api="blas"):
-        yield
+class _BlasLimit:
+    """Reference-counted single-threaded BLAS across concurrent runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._libs: list[Any] = []  # threadpoolctl LibControllers of user_api "blas"
+        self._modules = -1  # len(sys.modules) when _libs was scanned
+        self._saved: list[tuple[Any, int]] = []
+        self.disabled = os.environ.get("ONNXKILN_BLAS_THREADS", "").strip() == "keep"
+
+    def _scan(self) -> None:
+        if len(sys.modules) == self._modules:
+            return
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            self._libs = [c for c in ThreadpoolController().lib_controllers
+                          if c.user_api == "blas"]
+        except Exception:  # no threadpoolctl, or a library it cannot drive: leave BLAS alone
+            self._libs = []
+        self._modules = len(sys.modules)
+
+    def enter(self) -> None:
+        if self.disabled:
+            return
+        with self._lock:
+            self._active += 1
+            if self._active > 1:
+                return
+            self._scan()
+            saved = []
+            for lib in self._libs:
+                n = lib.get_num_threads()
+                if n is not None and n != 1:
+                    lib.set_num_threads(1)
+                    saved.append((lib, n))
+            self._saved = saved
+
+    def leave(self) -> None:
+        if self.disabled:
+            return
+        with self._lock:
+            self._active -= 1
+            if self._active:
+                return
+            for lib, n in self._saved:
+                lib.set_num_threads(n)
+            self._saved = []
+
+    def threads(self) -> dict[str, int | None]:
+        """Each BLAS library's current thread count, by file name."""
+        with self._lock:
+            self._scan()
+            return {Path(lib.filepath).name: lib.get_num_threads() for lib in self._libs}
+
+
+_limit = _BlasLimit()
+blas_enter = _limit.enter
+blas_leave = _limit.leave
+blas_threads = _limit.threads
 
 
 @functools.cache
@@ -47,10 +105,6 @@ def physical_cores() -> int:
     return len(cores) or 1
 
 
-@functools.cache
-def default_threads() -> int | None:
-    """The BLAS thread limit a session applies when intra_op_threads is not set: the
-    physical cores, or None when BLAS already uses that many (no per-run limit needed)."""
-    wanted = physical_cores()
-    current = [p["num_threads"] for p in _controller().info() if p["user_api"] == "blas"]
-    return None if all(n == wanted for n in current) else wanted
+def default_threads() -> int:
+    """Intra-op threads of a session that does not set them: the physical cores."""
+    return physical_cores()
