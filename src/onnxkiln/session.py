@@ -170,13 +170,7 @@ class InferenceSession:
             >>> y, = session.run({"x": x}, cancel=stop)
         """
         self._decode_memo.note_ineligible()
-        values = self._run(inputs, cancel=cancel)
-        for meta, value in zip(self._outputs, values):
-            if not isinstance(value, np.ndarray):
-                raise SequenceOutputError(
-                    f"output '{meta.name}' is a {_kind(value)}, not a tensor; use run_outputs()"
-                )
-        return values
+        return self._run(inputs, cancel=cancel, tensors=True)
 
     def run_outputs(
         self, inputs: Any, *, cancel: threading.Event | None = None
@@ -190,7 +184,7 @@ class InferenceSession:
         ]
 
     def _run(self, inputs: Any, trace: bool = True, cancel: Any = None,
-             specialize_now: bool = False) -> list[Any]:
+             specialize_now: bool = False, tensors: bool = False) -> list[Any]:
         if cancel is not None:
             _check_cancel(cancel)
         values, signature = self._validator.bind(inputs)
@@ -211,11 +205,11 @@ class InferenceSession:
         finally:
             run_leave(previous)
         return self._finish(outputs, self._copy_outputs if compiled is None
-                            else entry.copy_outputs)
+                            else entry.copy_outputs, tensors)
 
-    def _finish(self, outputs: list[Any], copy: Sequence[bool]) -> list[Any]:
+    def _finish(self, outputs: list[Any], copy: Sequence[bool], tensors: bool) -> list[Any]:
         """Outputs the caller owns: arrays (not numpy scalars), never a constant's or an
-        input's memory, never read-only."""
+        input's memory, never read-only; with `tensors`, only tensors (run's contract)."""
         for i, value in enumerate(outputs):
             if type(value) is np.ndarray:
                 if copy[i] or not value.flags.writeable:
@@ -225,6 +219,9 @@ class InferenceSession:
             elif isinstance(value, np.ndarray):
                 if copy[i] or not value.flags.writeable:
                     outputs[i] = value.copy()
+            elif tensors:
+                raise SequenceOutputError(f"output '{self._outputs[i].name}' is a "
+                                          f"{_kind(value)}, not a tensor; use run_outputs()")
             elif isinstance(value, list):  # elements may be the caller's own input arrays
                 outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
         return outputs

@@ -215,7 +215,7 @@ class _Recorder:
                    if s is not None]
         if len(written) != len(outs) or not all(_foldable(v) for v in outs):
             return
-        size = sum(v.nbytes for v in outs)
+        size = sum(int(v.nbytes) for v in outs)
         if size > self.budget:
             return
         self.budget -= size
@@ -224,7 +224,8 @@ class _Recorder:
 
 
 def _foldable(v: Any) -> bool:
-    return isinstance(v, np.ndarray) and v.dtype.kind != "O" and v.nbytes <= FOLD_MAX_BYTES
+    return (isinstance(v, np.ndarray | np.generic) and v.dtype.kind != "O"
+            and v.nbytes <= FOLD_MAX_BYTES)
 
 
 def _frozen_copy(v: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ class _BlasLimit:
         try:
             from threadpoolctl import ThreadpoolController
 
-            self._libs = [c for c in ThreadpoolController().lib_controllers
+            self._libs = [_direct(c) for c in ThreadpoolController().lib_controllers
                           if c.user_api == "blas"]
         except Exception:  # no threadpoolctl, or a library it cannot drive: leave BLAS alone
             self._libs = []
@@ -78,6 +78,34 @@ class _BlasLimit:
         with self._lock:
             self._scan()
             return {Path(lib.filepath).name: lib.get_num_threads() for lib in self._libs}
+
+
+class _OpenBlas:
+    """An OpenBLAS library's thread-count functions called through ctypes directly (the
+    controller's methods look the symbols up on every call)."""
+
+    def __init__(self, filepath: str, get: Any, set_: Any) -> None:
+        self.filepath = filepath
+        self.get_num_threads = get
+        self.set_num_threads = set_
+
+
+def _direct(controller: Any) -> Any:
+    """OpenBLAS through its own symbols when they are found, else threadpoolctl's controller."""
+    if controller.internal_api != "openblas":
+        return controller
+    import ctypes
+
+    lib = ctypes.CDLL(controller.filepath)  # already loaded: the same handle
+    for prefix in ("scipy_", ""):
+        for suffix in ("64_", ""):
+            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                get.restype, get.argtypes = ctypes.c_int, []
+                set_.restype, set_.argtypes = None, [ctypes.c_int]
+                return _OpenBlas(controller.filepath, get, set_)
+    return controller
 
 
 _limit = _BlasLimit()
