@@ -358,9 +358,8 @@ def model_feed(model, x):
     return np.linspace(-1, 1, x.size, dtype=np.float32).reshape(x.shape)
 
 
-def test_kernels_compile_at_plan_time(numba_on):
-    """Building the session compiles (or loads from the disk cache); runs compile nothing."""
-    model = helper.make_model(helper.make_graph(
+def _four_kernel_model():
+    return helper.make_model(helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], group=4),
          helper.make_node("Gelu", ["y"], ["z"]),
          helper.make_node("LayerNormalization", ["z", "s"], ["t"], axis=-1),
@@ -370,16 +369,45 @@ def test_kernels_compile_at_plan_time(numba_on):
         [onnx.numpy_helper.from_array(rand(4, 1, 3, 3), "w"),
          onnx.numpy_helper.from_array(rand(7), "s")]),
         opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+
+
+def test_kernels_load_on_first_run(numba_on, monkeypatch):
+    """Building the session loads no kernel; the first run loads the four it needs (from
+    the disk cache, or compiled), later runs of other shapes load nothing more."""
+    monkeypatch.setattr(_numba, "_compiled", {})  # as in a fresh process
+    model = _four_kernel_model()
     ctx = TraceContext.in_memory()
-    session = InferenceSession.builder().trace(ctx).from_graph(model)
     before = _numba.stats()["compiled"]
-    for x in (rand(1, 4, 5, 9), rand(2, 4, 9, 9)):  # a new shape: a new plan, no compilation
+    session = InferenceSession.builder().trace(ctx).from_graph(model)
+    assert _numba.stats()["compiled"] == before
+    assert _numba._compiled == {}
+    for x in (rand(1, 4, 5, 9), rand(2, 4, 9, 9)):  # a new shape: a new plan, no loading
         (u,) = session.run({"x": x})
         np.testing.assert_allclose(u, run_ort(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
-    assert _numba.stats()["compiled"] == before
+        assert _numba.stats()["compiled"] == before + 4
+    assert sorted(name for name, _ in _numba._compiled) == [
+        "conv2d", "gelu", "norm_rows", "softmax_rows"]
     variants = [s.attributes["kernel_variant"] for s in ctx.spans if s.category == "node"]
     assert variants[:4] == ["conv.depthwise_numba", "gelu.numba", "layernormalization.numba",
                             "softmax.numba"]
+
+
+def test_numba_failing_on_first_use_falls_back(numba_on, monkeypatch):
+    """A session built while numba looked usable, whose first run finds it does not
+    import: every kernel takes its numpy path and says why."""
+    model = _four_kernel_model()
+    session = InferenceSession.builder().trace(ctx := TraceContext.in_memory()) \
+        .from_graph(model)
+    monkeypatch.setattr(_numba, "_compiled", {})
+    monkeypatch.setattr(_numba, "_import_error", None)
+    monkeypatch.setitem(__import__("sys").modules, "numba", None)
+    x = rand(1, 4, 6, 9)
+    (u,) = session.run({"x": x})
+    np.testing.assert_allclose(u, run_ort(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    spans = [s for s in ctx.spans if s.category == "node"]
+    assert [s.attributes["kernel_variant"] for s in spans] == [
+        "conv.depthwise_numpy", "gelu.numpy", "layernormalization.numpy", "softmax.numpy"]
+    assert all("does not import" in s.attributes["kernel_variant_reason"] for s in spans)
 
 
 def test_numba_that_does_not_import_falls_back(numba_on, monkeypatch):

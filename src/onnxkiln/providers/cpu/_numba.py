@@ -1,11 +1,12 @@
-"""Optional numba kernels (the `fast` extra): the switch, and compilation at plan time.
+"""Optional numba kernels (the `fast` extra): the switch, and loading on first use.
 
-Kernels call `load(name, dtype)` in their factory (plan/specialisation time, i.e. while a
-session is built); it returns the compiled function for that dtype, or None when numba is
-off, and the kernel then keeps its plain-numpy path. Compilation is eager, with explicit
-signatures, and `cache=True` keeps the machine code on disk (next to the module, or under
-NUMBA_CACHE_DIR, or numba's per-user cache when the package is read-only; without any
-writable place it compiles in memory), so a user run never waits for the JIT.
+Kernels call `lazy(name, dtype)` in their factory (while a session is built): a `Lazy`
+handle, or None when numba is off (the kernel then keeps its plain-numpy path). Nothing is
+imported then; the handle compiles the kernel with explicit signatures on the first run
+that needs it, and `cache=True` keeps the machine code on disk (next to the module, or
+under NUMBA_CACHE_DIR, or numba's per-user cache when the package is read-only; without any
+writable place it compiles in memory), so after the first process that first use is a
+disk-cache read. `load(name, dtype)` compiles (or reads the cache) at once.
 
 numba is off when it is not installed, when the environment sets ONNXKILN_NO_NUMBA=1, or
 when `ENABLED` is False (tests run both paths). The switch is read at plan time: sessions
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENABLED", "disabled_reason", "load", "stats"]
+__all__ = ["ENABLED", "Lazy", "disabled_reason", "lazy", "load", "stats"]
 
 ENABLED = True
 ENV = "ONNXKILN_NO_NUMBA"
@@ -131,6 +132,63 @@ def load(name: str, dtype: Any = _F32) -> Callable[..., Any] | None:
     dt = np.dtype(dtype)
     if dt not in _DTYPES[name]:
         return None
+    return _get(name, dt)
+
+
+def lazy(name: str, dtype: Any = _F32) -> Lazy | None:
+    """A handle on kernel `name` for dtype that loads it on first use (see Lazy); None when
+    numba is off or the kernel has no version for dtype. Imports nothing: kernel factories
+    call it while a session is built."""
+    if disabled_reason() is not None:
+        return None
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES[name]:
+        return None
+    return Lazy(name, dt)
+
+
+_UNLOADED: Any = object()
+
+
+class Lazy:
+    """A numba kernel loaded (compiled, or read from the disk cache) the first time a run
+    needs it, so that building a session never imports numba.
+
+    Kernels call `ready()` where they choose their path: it loads the kernel once and says
+    whether `fn` (the compiled function) is usable; False when numba turned out not to
+    import, `reason` then says why and the kernel keeps its numpy path.
+    """
+
+    __slots__ = ("dtype", "fn", "name")
+
+    def __init__(self, name: str, dtype: np.dtype) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.fn: Callable[..., Any] | None = _UNLOADED
+
+    def ready(self) -> bool:
+        """Load the kernel if not yet done; whether it is usable."""
+        if self.fn is _UNLOADED:
+            self.fn = _get(self.name, self.dtype)
+        return self.fn is not None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the kernel is not usable once loading failed, else None."""
+        if self.fn is None:
+            return f"numba does not import: {_import_error}"
+        return None
+
+    def __repr__(self) -> str:
+        state = "unloaded" if self.fn is _UNLOADED else ("failed" if self.fn is None
+                                                         else "loaded")
+        return f"<numba kernel {self.name} {self.dtype} ({state})>"
+
+
+def _get(name: str, dt: np.dtype) -> Callable[..., Any] | None:
+    """The compiled kernel from this process's table, compiled (or loaded from the disk
+    cache) on first request; None when numba does not import. Does not read the switch:
+    handles made while it was on keep working after it is turned off."""
     key = (name, dt)
     fn = _compiled.get(key)
     if fn is None:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu.math import (
     _BF16,
     _F32,
@@ -339,7 +339,7 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
 
         def run(x: Array) -> Array:
             y = np.multiply(x, _SQRT1_2, out=np.empty_like(x))
-            scipy.special.erf(y, out=y)
+            _special.erf(y, out=y)
             np.add(y, 1, out=y)
             np.multiply(y, x, out=y)
             return np.multiply(y, 0.5, out=y)
@@ -367,13 +367,15 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
     dt = input_dtype(info, 0)
     if why is None and dt is not None and dt == _F64:  # (np.dtype("float64") == None is True)
         why = "float64 runs the numpy kernel (the numba one is float32)"
-    fast = None if why else _numba.load("gelu", _F32)
+    fast = None if why else _numba.lazy("gelu", _F32)
     if fast is not None:
         numpy_run, tanh = run, approximate == "tanh"
 
         def run(x: Array) -> Array:  # the numba version; numpy for float64
-            if x.dtype == _F32:
-                return _numba.gelu_rows(fast, x, None, tanh)
+            if x.dtype == _F32 and fast.ready():
+                return _numba.gelu_rows(fast.fn, x, None, tanh)
+            if fast.reason:  # numba did not import after all
+                k.variant, k.variant_reason = "gelu.numpy", fast.reason
             return numpy_run(x)
 
     k = _float_kernel(info, run)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 
 import ml_dtypes
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu._tensor_util import attr_str, const_input
 from onnxkiln.providers.cpu.conv import conv as _onnx_conv
 from onnxkiln.providers.cpu.linalg import gemm as _onnx_gemm
@@ -45,7 +45,7 @@ def _tanh(y):
 
 
 def _sigmoid(y):
-    return scipy.special.expit(y, out=y)
+    return _special.expit(y, out=y)
 
 
 def _softsign(y):

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu._tensor_util import norm_axis
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -166,7 +166,7 @@ def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
             v = _codes(dt).astype(_F32)
             v -= _F32.type(xz)
             v *= xs
-            scipy.special.expit(v, out=v)
+            _special.expit(v, out=v)
             v /= ys
             v += _F32.type(yz)
             if len(tables) >= _MAX_TABLES:

@@ -16,10 +16,9 @@ from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _numba, _special
 from onnxkiln.providers.cpu.index import trilu as _onnx_trilu
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.tensor import range_ as _onnx_range
@@ -62,7 +61,7 @@ def _wants(info: NodeInfo, i: int) -> bool:
 def gelu_inplace(t: np.ndarray) -> np.ndarray:
     """Exact GELU of a fresh float32/float64 array, in place."""
     e = np.multiply(t, t.dtype.type(_SQRT1_2))
-    scipy.special.erf(e, out=e)
+    _special.erf(e, out=e)
     e += 1
     t *= e
     t *= t.dtype.type(0.5)
@@ -105,18 +104,20 @@ def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
     dt = info.input_dtypes[0] if info.input_dtypes else None
     if why is None and dt is not None and dt.numpy == _F64:
         why = "float64 runs the numpy kernel (the numba one is float32)"
-    fast = None if why else _numba.load("gelu", _F32)
+    fast = None if why else _numba.lazy("gelu", _F32)
     slow = fast_gelu_inplace if tanh else gelu_inplace
 
     def run(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        if fast is not None and x.dtype != _F64:
+        if fast is not None and x.dtype != _F64 and fast.ready():
             _float(x, op)
             if bias is not None and (bias.ndim != 1 or x.ndim < 1
                                      or bias.shape[0] != x.shape[-1]):
                 _biased(x, bias, op)  # raises the shape error
             xc = _f(x, _F32)
-            y = _numba.gelu_rows(fast, xc, None if bias is None else _f(bias, _F32), tanh)
+            y = _numba.gelu_rows(fast.fn, xc, None if bias is None else _f(bias, _F32), tanh)
             return y.astype(x.dtype, copy=False)
+        if fast is not None and fast.reason:
+            run.variant, run.variant_reason = numpy_variant, fast.reason
         return slow(_biased(x, bias, op)).astype(x.dtype, copy=False)
 
     run.variant = f"{tag}.numba" if fast is not None else numpy_variant
@@ -150,7 +151,7 @@ def quick_gelu(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
     def run(x: np.ndarray) -> np.ndarray:
         t = _biased(x, None, "QuickGelu")
         g = np.multiply(t, t.dtype.type(alpha))
-        scipy.special.expit(g, out=g)
+        _special.expit(g, out=g)
         t *= g
         return t.astype(x.dtype, copy=False)
 
@@ -228,7 +229,7 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
     want_mean, want_inv, want_sum = _wants(info, 1), _wants(info, 2), _wants(info, 3)
     dt0 = info.input_dtypes[0] if info.input_dtypes else None
     cdt0 = _cdt(dt0.numpy) if dt0 is not None else _F32
-    fast = _numba.load("norm_rows", cdt0)
+    fast = _numba.lazy("norm_rows", cdt0)
 
     def run(x, skip, gamma, *rest):
         if simplified:
@@ -245,9 +246,9 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
             _check_vec(v, d, op, name)
         cdt = _float(x, op)
         stat = (*x.shape[:-1], 1)
-        if fast is not None and cdt == cdt0 and x.size:
+        if fast is not None and cdt == cdt0 and x.size and fast.ready():
             y2, mean, inv, total = _numba.norm_rows(
-                fast, _f(x, cdt).reshape(-1, d), gamma, beta, eps, simplified,
+                fast.fn, _f(x, cdt).reshape(-1, d), gamma, beta, eps, simplified,
                 skip=_f(skip, cdt).reshape(-1, d), bias=bias, want_total=want_sum)
             return (
                 y2.reshape(x.shape).astype(x.dtype, copy=False),
@@ -256,6 +257,8 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
                 inv.reshape(stat).astype(_F32) if want_inv else None,
                 total.reshape(x.shape).astype(x.dtype, copy=False) if want_sum else None,
             )
+        if fast is not None and fast.reason:
+            run.variant, run.variant_reason = f"{op.lower()}.numpy", fast.reason
         s = np.add(_f(x, cdt), _f(skip, cdt))
         if bias is not None:
             s += _f(bias, cdt).reshape(-1)
@@ -307,7 +310,7 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
     want_inv = _wants(info, stat_i)
     dt0 = info.input_dtypes[0] if info.input_dtypes else None
     cdt0 = _F64 if _F64 in (dt0.numpy if dt0 is not None else None, stash) else _F32
-    fast = _numba.load("norm_rows", cdt0)
+    fast = _numba.lazy("norm_rows", cdt0)
     tag = op.lower()
 
     def run(x, scale, b=None):
@@ -321,9 +324,9 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         out_dt = scale.dtype
         stat = (*lead, *(1,) * (x.ndim - ax))
         if (fast is not None and cdt == cdt0 and n and rows and scale.shape == x.shape[ax:]
-                and (b is None or b.shape == x.shape[ax:])):
+                and (b is None or b.shape == x.shape[ax:]) and fast.ready()):
             run.variant, run.variant_reason = f"{tag}.numba", None
-            y2, mean, inv, _ = _numba.norm_rows(fast, _f(x, cdt).reshape(rows, n), scale, b,
+            y2, mean, inv, _ = _numba.norm_rows(fast.fn, _f(x, cdt).reshape(rows, n), scale, b,
                                                 eps, simplified)
             y = y2.reshape(x.shape).astype(out_dt, copy=False)
             if simplified:
@@ -334,7 +337,8 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         else:
             run.variant = f"{tag}.numpy"
             run.variant_reason = _numba.disabled_reason() or (
-                "scale/bias shapes differ from the normalized dims" if fast else None)
+                fast.reason or "scale/bias shapes differ from the normalized dims"
+                if fast is not None else None)
             y2, mean, inv = _layer_norm_rows(x.reshape(rows, n).astype(cdt), eps, simplified)
             y = y2.reshape(x.shape)
             try:

@@ -297,15 +297,15 @@ def conv(info: NodeInfo):
     biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
     flat_biases = _Cached(_const(info, 2), lambda b, cdt: np.ascontiguousarray(b, dtype=cdt))
     plans: dict[tuple, _ConvPlan] = {}
-    # Grouped/depthwise convs: the numba kernel, compiled now for the declared dtype.
-    fast_fns: dict[np.dtype, Callable] = {}
+    # Grouped/depthwise convs: the numba kernel for the declared dtype, loaded on first use.
+    fast_fns: dict[np.dtype, _numba.Lazy] = {}
     fast_reason = _numba.disabled_reason() if group > 1 else None
     if group > 1 and fast_reason is None:
         dt = info.input_dtypes[0] if info.input_dtypes else None
         cdt0 = compute_dtype(dt.numpy) if dt is not None and dt.numpy.kind in "fV" else _F32
-        fn = _numba.load("conv2d", cdt0)
-        if fn is not None:
-            fast_fns[cdt0] = fn
+        handle = _numba.lazy("conv2d", cdt0)
+        if handle is not None:
+            fast_fns[cdt0] = handle
 
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         cdt = compute_dtype(x.dtype)
@@ -315,15 +315,16 @@ def conv(info: NodeInfo):
             _check_channels("Conv", x, w, group, transpose=False)
             if len(plans) >= _MAX_PLANS:
                 plans.clear()
-            fast = fast_fns.get(cdt)
-            reason = None if fast else (
-                fast_reason or f"numba kernel not compiled for {cdt} at plan time")
+            handle = fast_fns.get(cdt)
+            fast = handle.fn if handle is not None and handle.ready() else None
+            reason = None if fast else (fast_reason or (handle.reason if handle else None)
+                                        or f"numba kernel made for the declared type, not {cdt}")
             plan = plans[key] = _plan_conv(attrs, group, x.shape, w.shape, fast, reason)
         run.variant, run.variant_reason = plan.variant, plan.reason
         if plan.kind == "numba":
             bias = (_zeros(w.shape[0], cdt) if b is None else flat_biases.get(b, cdt))
             w4 = weights.get(w, "numba", cdt)
-            return _finish(_run_numba(plan, x, w4, cdt, fast_fns[cdt], bias), None,
+            return _finish(_run_numba(plan, x, w4, cdt, fast_fns[cdt].fn, bias), None,
                            x.dtype, True)
         wkind = "depthwise" if plan.kind == "depthwise" else "matmul"
         wm = weights.get(w, wkind, cdt)

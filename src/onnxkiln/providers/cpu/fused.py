@@ -53,7 +53,7 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
                          f"expected one of {sorted(_ACTIVATIONS)}")
     act = _ACTIVATIONS[name]
     why = _numba.disabled_reason() if name in ("Gelu", "FastGelu") else None
-    fast = _numba.load("gelu") if name in ("Gelu", "FastGelu") and why is None else None
+    fast = _numba.lazy("gelu") if name in ("Gelu", "FastGelu") and why is None else None
     tanh = name == "FastGelu"
 
     def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -69,8 +69,10 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
         lead = a.shape[:-1]
         a2 = a.reshape(math.prod(lead), a.shape[-1]) if a.flags.c_contiguous else None
         y = np.matmul(a2, b) if a2 is not None else np.matmul(a, b)
-        if fast is not None and y.dtype == np.float32:  # bias and GELU in one pass
-            return _numba.gelu_rows(fast, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
+        if fast is not None and y.dtype == np.float32 and fast.ready():  # bias, GELU: 1 pass
+            return _numba.gelu_rows(fast.fn, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
+        if fast is not None and fast.reason:
+            run.variant, run.variant_reason = "matmulbias.blas", fast.reason
         y += bias
         if act is not None:
             act(y)
@@ -113,7 +115,7 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
         raise ValueError(f"ScaledDotProductAttention: unknown mask_mode {mode!r}")
     fill = float(info.attrs.get("mask_fill", 0.0))
     why = _numba.disabled_reason()
-    fast = None if why else _numba.load("softmax_rows")
+    fast = None if why else _numba.lazy("softmax_rows")
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask=None) -> np.ndarray:
         kt = np.swapaxes(k, -1, -2) if transpose_k else k
@@ -128,7 +130,9 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
                 s *= dt.type(scale)
         if mask is not None:
             s = _apply_mask(s, mask, mode, fill)
-        return np.matmul(_softmax_last_(s, fast), v)
+        if fast is not None and not fast.ready():
+            run.variant, run.variant_reason = "sdpa.blas", fast.reason
+        return np.matmul(_softmax_last_(s, fast.fn if fast is not None else None), v)
 
     run.variant = "sdpa.blas_numba" if fast is not None else "sdpa.blas"
     run.variant_reason = why

@@ -7,10 +7,10 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import scipy.special
 
 from onnxkiln.dtypes import to_numpy
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -293,20 +293,20 @@ for _op, _ufunc in (
 def _erf_any(x: Array, out: Array = None) -> Array:
     dt = x.dtype
     if dt in (_F32, _F64) and out is not None:
-        return scipy.special.erf(x, out=donated(x, out))
+        return _special.erf(x, out=donated(x, out))
     if dt in _LOW_FLOATS:
-        return scipy.special.erf(x.astype(_F32)).astype(dt)
+        return _special.erf(x.astype(_F32)).astype(dt)
     if dt.kind in "iu":  # opset 9-12 allow ints: erf in float64, truncated back
-        return scipy.special.erf(x.astype(_F64)).astype(dt)
-    return scipy.special.erf(x)
+        return _special.erf(x.astype(_F64)).astype(dt)
+    return _special.erf(x)
 
 
 @kernel("Erf", since=9, factory=True, inplace=(0,))
 def erf(info: NodeInfo) -> Callable[..., Any]:
-    """Erf via scipy.special.erf; float16/bfloat16 through float32."""
+    """Erf via scipy.special.erf (imported on the first call); float16/bfloat16 through float32."""
     dt = input_dtype(info, 0)
     if dt is not None and dt in (_F32, _F64):
-        return scipy.special.erf
+        return _special.erf
     return _erf_any
 
 

@@ -92,13 +92,13 @@ def _softmax_in_type(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def _fast_for(info: NodeInfo, name: str) -> tuple[Callable | None, str | None]:
-    """The float32 numba kernel `name` (compiled now), or None and why not."""
+def _fast_for(info: NodeInfo, name: str) -> tuple[_numba.Lazy | None, str | None]:
+    """The float32 numba kernel `name` (loaded on its first use), or None and why not."""
     reason = _numba.disabled_reason()
     dt = info.input_dtypes[0] if info.input_dtypes else None
     if reason is None and dt is not None and dt.numpy == _F64:
         reason = "float64 runs the numpy kernel (the numba one is float32)"
-    return (None, reason) if reason else (_numba.load(name, _F32), None)
+    return (None, reason) if reason else (_numba.lazy(name, _F32), None)
 
 
 def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.ndarray]:
@@ -116,13 +116,14 @@ def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.nda
             run.variant, run.variant_reason = f"{tag}.numpy", "float16 evaluated in type"
             return _softmax_in_type(x, ax, log)
         xc, owned = _work(x)
-        if fast is not None and xc.dtype == _F32 and (coerce_2d or ax == x.ndim - 1):
+        if fast is not None and xc.dtype == _F32 and (coerce_2d or ax == x.ndim - 1) and \
+                fast.ready():
             run.variant, run.variant_reason = f"{tag}.numba", None
-            y = _numba.softmax_rows(fast, xc.reshape(math.prod(x.shape[:ax]), -1), log)
+            y = _numba.softmax_rows(fast.fn, xc.reshape(math.prod(x.shape[:ax]), -1), log)
             return y.reshape(x.shape).astype(x.dtype, copy=False)
         run.variant = f"{tag}.numpy"
-        run.variant_reason = why or ("numba kernel is float32 over the last axis"
-                                     if fast is not None else None)
+        run.variant_reason = why or (fast.reason or "numba kernel is float32 over the last "
+                                     "axis" if fast is not None else None)
         if coerce_2d or ax == x.ndim - 1:
             y = _softmax_rows(xc.reshape(math.prod(x.shape[:ax]), -1), owned, log)
             y = y.reshape(x.shape)
@@ -233,7 +234,7 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
     scale_c, bias_c = _Cast(_const(info, 1)), _Cast(_const(info, 2))
     dt0 = info.input_dtypes[0] if info.input_dtypes else None
     cdt0 = _compute_dtype(dt0.numpy) if dt0 is not None else _F32
-    fast = _numba.load("norm_rows", cdt0)
+    fast = _numba.lazy("norm_rows", cdt0)
     why = _numba.disabled_reason()
 
     def run(x: np.ndarray, scale: np.ndarray, b: np.ndarray | None = None) -> tuple:
@@ -243,11 +244,11 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
         cdt = _compute_dtype(x.dtype)
         rows, n = math.prod(lead), math.prod(x.shape[ax:])
         if (fast is not None and cdt == cdt0 and x.size and scale.shape == x.shape[ax:]
-                and (b is None or b.shape == x.shape[ax:])):
+                and (b is None or b.shape == x.shape[ax:]) and fast.ready()):
             run.variant, run.variant_reason = "layernormalization.numba", None
             xc = x.reshape(rows, n)
             y2, mean, inv, _ = _numba.norm_rows(
-                fast, xc if xc.dtype == cdt else xc.astype(cdt), scale_c.get(scale, cdt),
+                fast.fn, xc if xc.dtype == cdt else xc.astype(cdt), scale_c.get(scale, cdt),
                 None if b is None else bias_c.get(b, cdt), eps, False)
             return (
                 y2.reshape(x.shape).astype(x.dtype, copy=False),
@@ -255,8 +256,8 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
                 inv.reshape(stat_shape).astype(stash) if want_inv else None,
             )
         run.variant = "layernormalization.numpy"
-        run.variant_reason = why or ("Scale/B shapes differ from the normalized dims"
-                                     if fast is not None else None)
+        run.variant_reason = why or (fast.reason or "Scale/B shapes differ from the "
+                                     "normalized dims" if fast is not None else None)
         if x.size == 0:
             y = np.empty(x.shape, x.dtype)
             mean = inv = np.full(stat_shape, np.nan, cdt)

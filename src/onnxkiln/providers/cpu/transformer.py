@@ -7,9 +7,9 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.special import expit
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu._special import expit
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from onnxkiln.providers.fuse.ops import OPS, REDUCTIONS, fmt
 
@@ -307,6 +306,8 @@ class FusedKernel:
             raise ValueError(f"not a {FORMAT} v{VERSION} context blob "
                              f"(format {blob.get('format')!r}, version {blob.get('version')!r})")
         sig = blob["signature"]
+        import scipy.special  # here, not at import: only a built partition needs it
+
         scope: dict[str, Any] = {"_erf": scipy.special.erf, "_expit": scipy.special.expit,
                                  "F32": _F32}
         exec(compile(blob["numpy_source"], "<onnxkiln.fuse numpy>", "exec"), scope)
