@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-models bench-exported clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,24 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The exported-model suite: torchvision/transformers/skl2onnx exports need torch 2.14.1 with
+# torchvision 0.29.1, which do not import beside the project's CPU torch: their own venv.
+EXPORT_VENV := .venv-export
+EXPORT_STAMP := $(EXPORT_VENV)/.installed
+EXPORT_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers onnxscript onnx skl2onnx scikit-learn
+
+$(EXPORT_STAMP):
+	$(PYTHON) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(EXPORT_VENV)/bin/python -m pip install -q $(EXPORT_PACKAGES)
+	touch $(EXPORT_STAMP)
+
+bench-models: $(EXPORT_STAMP)
+	$(EXPORT_VENV)/bin/python -m bench.exported.build --out bench/models
+
+bench-exported: $(STAMP) bench-models
+	$(PY) -m bench --suite exported --threads 1,2
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

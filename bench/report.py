@@ -1,6 +1,7 @@
 """Render a suite's JSON results (python -m bench --json PATH) as Markdown, for BENCHMARKS.md.
 
     python -m bench.report results.json
+(results of `python -m bench --suite exported` are rendered by bench/exported/report.py)
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from bench.suite import format_creation, format_memory, format_models, format_ov
 
 
 def render(results: dict) -> str:
+    if results.get("suite") == "exported":
+        from bench.exported.report import render as render_exported
+
+        return render_exported(results)
     m = results["machine"]
     blas = "; ".join(f"{b['internal_api']} {b['version']}, kernel {b['architecture']}, "
                      f"{b['threading_layer']}" for b in m["blas"]) or "none found"
