@@ -95,6 +95,8 @@ class CompiledPlan:
                                      "_OutErr": (ValueError, TypeError)}
         for i, step in enumerate(plan.steps):
             namespace[f"k{i}"] = step.kernel
+            if _inline_reshape(step) is not None:
+                namespace[f"r{i}"] = step.kernel.reshape_to
         for i, guard in guards.items():
             namespace[f"f{i}"] = guard.fallback
             for j, (_, shape) in enumerate(guard.shapes):
@@ -277,9 +279,22 @@ def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
     return "\n".join(lines) + "\n", line_steps
 
 
+def _inline_reshape(step: Step) -> tuple[int, ...] | None:
+    """The target of a kernel that only reshapes its first input (tensor.reshaper), which
+    the generated code writes as `x.reshape(target)` instead of a call."""
+    target = getattr(step.kernel, "reshape_to", None)
+    if (type(target) is tuple and not step.spec.multi_output and step.inputs
+            and step.inputs[0] is not None and step.outputs and step.outputs[0] is not None):
+        return target
+    return None
+
+
 def _emit_call(emit: Callable[..., None], i: int, step: Step, kernel: str, args: str) -> None:
     """The kernel call of step i and the binding of its outputs."""
-    if step.spec.multi_output:
+    if kernel == f"k{i}" and _inline_reshape(step) is not None:
+        first = args.split(", ")[0]
+        emit(f"v{step.outputs[0]} = {first}.reshape(r{i})", i)
+    elif step.spec.multi_output:
         emit(f"_t = {kernel}({args})", i)
         for j, s in enumerate(step.outputs):
             if s is not None:

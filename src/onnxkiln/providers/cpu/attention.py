@@ -6,7 +6,6 @@ TensorScatter, CausalConvWithState) live in `transformer.py`, imported at the bo
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -40,12 +39,9 @@ def _as(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     return x if x.dtype == dt else x.astype(dt)
 
 
-@functools.lru_cache(maxsize=64)
 def _ones(n: int, dt: np.dtype) -> np.ndarray:
-    """A read-only (n, 1) column of ones: row sums as one BLAS product."""
-    v = np.ones((n, 1), dtype=dt)
-    v.flags.writeable = False
-    return v
+    """An (n, 1) column of ones: row sums as one BLAS product."""
+    return np.ones((n, 1), dtype=dt)
 
 
 def _softmax_(s: np.ndarray) -> np.ndarray:

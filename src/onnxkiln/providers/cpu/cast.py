@@ -242,19 +242,25 @@ def _converter(src: np.dtype, dst: np.dtype, saturate: int, round_mode: str) -> 
 def _cast_fn(
     src: np.dtype | None, dst: np.dtype, saturate: int, round_mode: str
 ) -> Callable[..., np.ndarray]:
-    """A kernel casting to `dst`; dispatches on the input dtype at run time when unknown."""
-    cache: dict[np.dtype, Converter] = {}
+    """A kernel casting to `dst`: the converter for the input dtype known at plan time, else
+    chosen per call, or once per input signature (specialize)."""
 
     def dynamic(x: np.ndarray) -> np.ndarray:
-        fn = cache.get(x.dtype)
-        if fn is None:
-            fn = cache[x.dtype] = _converter(x.dtype, dst, saturate, round_mode)
-        return fn(x)
+        return _converter(x.dtype, dst, saturate, round_mode)(x)
+
+    def specialize(dtypes, shapes, consts) -> Converter | None:
+        return None if dtypes[0] is None else _converter(dtypes[0], dst, saturate, round_mode)
 
     if src is None:
+        dynamic.specialize = specialize
         return dynamic
     static = _converter(src, dst, saturate, round_mode)
-    return lambda x: static(x) if x.dtype == src else dynamic(x)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return static(x) if x.dtype == src else dynamic(x)
+
+    run.specialize = specialize
+    return run
 
 
 def _options(info: NodeInfo) -> tuple[int, str]:
@@ -292,14 +298,19 @@ def cast_like(info: NodeInfo) -> Callable[..., np.ndarray]:
     if dst is not None:
         fn = _cast_fn(src, dst, saturate, round_mode)
         return lambda x, target_type: fn(x)
-    cache: dict[tuple[np.dtype, np.dtype], Converter] = {}
+
+    def convert_to(src: np.dtype, target: np.dtype) -> Converter:
+        d = np.dtype(object) if _is_string(target) else target
+        return _converter(src, d, saturate, round_mode)
 
     def run(x: np.ndarray, target_type: np.ndarray) -> np.ndarray:
-        key = (x.dtype, target_type.dtype)
-        fn = cache.get(key)
-        if fn is None:
-            d = np.dtype(object) if _is_string(key[1]) else key[1]
-            fn = cache[key] = _converter(key[0], d, saturate, round_mode)
-        return fn(x)
+        return convert_to(x.dtype, target_type.dtype)(x)
 
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        if dtypes[0] is None or dtypes[1] is None:
+            return None
+        fn = convert_to(dtypes[0], dtypes[1])
+        return lambda x, target_type: fn(x)
+
+    run.specialize = specialize
     return run

@@ -76,28 +76,32 @@ def _slice_fn(
     axes_known: bool,
     steps_known: bool,
 ) -> Callable[..., np.ndarray]:
-    if starts is not None and ends is not None and axes_known and steps_known:
-        cache: dict[tuple[int, ...], tuple[slice, ...]] = {}
+    """The Slice kernel: slices worked out per call, or once per input signature when the
+    starts/ends/axes/steps are fixed by then (specialize)."""
 
-        def run_const(x: np.ndarray, *_: object) -> np.ndarray:
-            sl = cache.get(x.shape)
-            if sl is None:
-                sl = cache[x.shape] = _slices(x.shape, starts, ends, axes, steps)
-            return x[sl]
-
-        return run_const
+    def slices(shape, s=None, e=None, a=None, st=None) -> tuple[slice, ...]:
+        return _slices(
+            shape,
+            starts if starts is not None else to_ints(s),
+            ends if ends is not None else to_ints(e),
+            axes if axes_known else (None if a is None else to_ints(a)),
+            steps if steps_known else (None if st is None else to_ints(st)),
+        )
 
     def run(x, s=None, e=None, a=None, st=None):
-        return x[
-            _slices(
-                x.shape,
-                starts if starts is not None else to_ints(s),
-                ends if ends is not None else to_ints(e),
-                axes if axes_known else (None if a is None else to_ints(a)),
-                steps if steps_known else (None if st is None else to_ints(st)),
-            )
-        ]
+        return x[slices(x.shape, s, e, a, st)]
 
+    given = (starts is None, ends is None, not axes_known, not steps_known)
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        values = [*consts[1:5], None, None, None, None][:4]
+        if shapes[0] is None or any(need and i + 1 < len(shapes) and shapes[i + 1] is not None
+                                    and values[i] is None for i, need in enumerate(given)):
+            return None
+        sl = slices(shapes[0], *values)
+        return lambda x, *_: x[sl]
+
+    run.specialize = specialize
     return run
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +10,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu._gemm import (
+    SPLIT_MIN_FLOPS,
+    Split,
+    matmul_split,
+    plan_split,
+    split_ranges,
+)
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -18,7 +27,6 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 # Types numpy has no BLAS for: computed in float32 and cast back (as onnxruntime does).
 _LOW = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
-_EINSUM_CACHE_LIMIT = 64
 
 
 def _const(info: NodeInfo, i: int) -> np.ndarray | None:
@@ -81,6 +89,7 @@ def matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
 
     if variant is not None:  # ranks known at plan time: the variant is fixed (no per-call cost)
         kernel_fn.variant = variant
+        kernel_fn.specialize = _specialize_matmul
         return kernel_fn
     inner = kernel_fn
 
@@ -89,7 +98,70 @@ def matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
         return inner(a, b)
 
     run.variant = "matmul.blas"
+    run.specialize = _specialize_matmul
     return run
+
+
+def _specialize_matmul(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+    """float32/float64 products of known shapes: A's batch dims folded into the rows of one
+    GEMM when B is 2-D, batched products split over their batch, both across the pool."""
+    sa, sb = shapes[0], shapes[1]
+    dt = dtypes[0]
+    if sa is None or sb is None or dt not in (_F32, _F64) or dtypes[1] != dt:
+        return None
+    if len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
+        return None  # vectors and mismatches: the generic kernel (and its error)
+    threads = active_threads()
+    if len(sb) == 2:
+        m, k, n = math.prod(sa[:-1]), sa[-1], sb[1]
+        split = plan_split(m, k, n, threads)
+        if len(sa) == 2:
+            if split is None:
+                run = _matmul_2d
+            else:
+                def run(a, b):
+                    return matmul_split(a, b, split)
+        else:
+            out_shape = (*sa[:-1], n)
+
+            def run(a, b):
+                return matmul_split(a.reshape(m, k), b, split).reshape(out_shape)
+        return _named(run, "matmul.gemm_2d" if len(sa) == 2 else "matmul.folded_2d", split)
+    if sa[:-2] != sb[:-2]:
+        return None  # broadcast batch dims: numpy's matmul
+    return _batched_matmul(sa, sb, dt, threads)
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
+
+
+def _named(fn: Callable[..., np.ndarray], variant: str, split: Split | None):
+    fn.variant = variant + ("_split" if split is not None else "")
+    return fn
+
+
+def _batched_matmul(sa: tuple, sb: tuple, dt: np.dtype, threads: int):
+    """(..., M, K) @ (..., K, N) with equal batch dims, the batch split across the pool."""
+    batch = math.prod(sa[:-2])
+    m, k, n = sa[-2], sa[-1], sb[-1]
+    out_shape = (*sa[:-2], m, n)
+    if threads < 2 or batch < 2 or 2 * batch * m * k * n < SPLIT_MIN_FLOPS:
+        return _named(_matmul_2d, "matmul.batched", None)
+    ranges = split_ranges(batch, min(batch, 2 * threads), 1)
+
+    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a3, b3 = a.reshape(batch, m, k), b.reshape(batch, k, n)
+        y = np.empty((batch, m, n), dt)
+
+        def chunk(i: int) -> None:
+            lo, hi = ranges[i]
+            np.matmul(a3[lo:hi], b3[lo:hi], out=y[lo:hi])
+
+        parallel_for(len(ranges), chunk)
+        return y.reshape(out_shape)
+
+    return _named(run, "matmul.batched", Split(0, ranges))
 
 
 def _matmul_variant(a_rank: int, b_rank: int) -> str:
@@ -188,6 +260,36 @@ def gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
                 ) from e
         return y.astype(dt) if low else y
 
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        """Constant B in float32/float64 with A of known shape: one (split) GEMM, then the
+        scale and C in place."""
+        sa = shapes[0]
+        if wb is None or sa is None or len(sa) != 2 or dtypes[0] != wb.dtype:
+            return None
+        m, k = (sa[1], sa[0]) if trans_a else sa
+        if k != wb.shape[0] or wb.dtype not in (_F32, _F64):
+            return None
+        split = plan_split(m, k, wb.shape[1], active_threads())
+        scale = wb.dtype.type(wb_alpha)
+        bias = wc if wc is not None else None
+        if bias is None and len(shapes) > 2 and shapes[2] is not None and beta != 0.0:
+            return None  # a C that is not constant: the generic path
+        try:
+            np.broadcast_shapes(bias.shape if bias is not None else (), (m, wb.shape[1]))
+        except ValueError:
+            return None
+
+        def special(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+            y = matmul_split(a.T if trans_a else a, wb, split)
+            if wb_alpha != 1.0:
+                y *= scale
+            if bias is not None:
+                y += bias
+            return y
+
+        return _named(special, "gemm.blas", split)
+
+    run.specialize = specialize
     return run
 
 
@@ -238,20 +340,14 @@ def matmul_integer(info: NodeInfo) -> Callable[..., np.ndarray]:
 
 @kernel("Einsum", since=12, factory=True, variant="einsum.numpy")
 def einsum(info: NodeInfo) -> Callable[..., np.ndarray]:
-    """numpy.einsum with a contraction path cached per input shapes (BLAS where it can)."""
+    """numpy.einsum (BLAS where it can); the contraction path is chosen once per signature
+    (specialize), per call otherwise."""
     equation = str(info.attrs["equation"]).replace(" ", "")
-    paths: dict[tuple[tuple[int, ...], ...], Any] = {}
 
-    def run(*xs: np.ndarray) -> np.ndarray:
+    def run(*xs: np.ndarray, path: Any = "greedy") -> np.ndarray:
         dt = xs[0].dtype if xs else _F32
         ops = [x.astype(_F32) for x in xs] if dt in _LOW else xs
-        key = tuple(x.shape for x in ops)
-        path = paths.get(key)
         try:
-            if path is None:
-                if len(paths) >= _EINSUM_CACHE_LIMIT:
-                    paths.clear()
-                path = paths[key] = np.einsum_path(equation, *ops, optimize="greedy")[0]
             y = np.einsum(equation, *ops, optimize=path)
         except ValueError as e:
             shapes = ", ".join(str(x.shape) for x in xs)
@@ -265,6 +361,15 @@ def einsum(info: NodeInfo) -> Callable[..., np.ndarray]:
             y = y.copy()
         return y
 
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        if any(s is None for s in shapes) or not dtypes:
+            return None
+        dt = _F32 if dtypes[0] in _LOW else dtypes[0]
+        dummies = [np.empty(s, dt) for s in shapes]
+        path = np.einsum_path(equation, *dummies, optimize="greedy")[0]
+        return functools.partial(run, path=path)
+
+    run.specialize = specialize
     return run
 
 

@@ -31,7 +31,6 @@ __all__ = [
     "max_unpool",
 ]
 
-_MAX_PLANS = 16
 _I64 = np.dtype(np.int64)
 
 
@@ -86,18 +85,22 @@ def _reduce(a: np.ndarray, steps, ufunc: np.ufunc) -> np.ndarray:
     return a
 
 
-def _plans(build: Callable[[tuple], _PoolPlan]) -> Callable[[tuple], _PoolPlan]:
-    cache: dict[tuple, _PoolPlan] = {}
+def _pool_kernel(build: Callable[[tuple, np.dtype], _PoolPlan],
+                 body: Callable[[np.ndarray, _PoolPlan], object]) -> Callable[..., object]:
+    """A pooling kernel: `body(x, plan)` with the plan (geometry, window steps) built per
+    call, or once per input signature (specialize)."""
 
-    def get(shape: tuple) -> _PoolPlan:
-        plan = cache.get(shape)
-        if plan is None:
-            if len(cache) >= _MAX_PLANS:
-                cache.clear()
-            plan = cache[shape] = build(shape)
-        return plan
+    def run(x: np.ndarray):
+        return body(x, build(x.shape, x.dtype))
 
-    return get
+    def specialize(dtypes, shapes, consts) -> Callable[..., object] | None:
+        if shapes[0] is None or dtypes[0] is None:
+            return None
+        plan = build(shapes[0], dtypes[0])
+        return lambda x: body(x, plan)
+
+    run.specialize = specialize
+    return run
 
 
 def _lowest(dtype: np.dtype):
@@ -166,16 +169,14 @@ def max_pool(info: NodeInfo):
     present = info.output_present or (True,) * info.n_outputs
     want_indices = info.n_outputs > 1 and present[1]
 
-    def build(shape: tuple) -> _PoolPlan:
+    def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
         geo = _pool_geometry(attrs, shape)
         steps = _argmax_taps(geo) if want_indices else _separable_steps(geo)
         return _PoolPlan(geo, steps, None)
 
-    plan_for = _plans(build)
     extra = (None,) * max(0, info.n_outputs - 1)
 
-    def run(x: np.ndarray):
-        plan = plan_for(x.shape)
+    def body(x: np.ndarray, plan: _PoolPlan):
         geo = plan.geo
         if want_indices:
             return _max_with_indices(x, geo, plan.steps, storage_order)
@@ -189,7 +190,7 @@ def max_pool(info: NodeInfo):
             y = x.copy()
         return (y.astype(x.dtype, copy=False), *extra)
 
-    return run
+    return _pool_kernel(build, body)
 
 
 # ---------------------------------------------------------------------------- AveragePool / LpPool
@@ -221,23 +222,17 @@ def average_pool(info: NodeInfo):
     """AveragePool: separable per-axis sums over shifted views, divided by the window counts."""
     attrs = dict(info.attrs)
     include_pad = bool(attrs.get("count_include_pad") or 0)
-    divisors: dict[tuple, np.ndarray | float] = {}
 
-    def build(shape: tuple) -> _PoolPlan:
+    def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
         geo = _pool_geometry(attrs, shape)
-        return _PoolPlan(geo, _separable_steps(geo), _window_counts(geo, include_pad))
+        div = _window_counts(geo, include_pad)
+        if not isinstance(div, float):
+            div = np.asarray(div, dtype=compute_dtype(dtype))
+        return _PoolPlan(geo, _separable_steps(geo), div)
 
-    plan_for = _plans(build)
-
-    def run(x: np.ndarray) -> np.ndarray:
-        plan = plan_for(x.shape)
+    def body(x: np.ndarray, plan: _PoolPlan) -> np.ndarray:
         cdt = compute_dtype(x.dtype)
         div = plan.divisor
-        if not isinstance(div, float):
-            key = (x.shape, cdt)
-            div = divisors.get(key)
-            if div is None:
-                div = divisors[key] = np.asarray(plan.divisor, dtype=cdt)
         if plan.geo.needs_pad:
             xp = padded_copy(x, plan.geo, 0, cdt)
         else:
@@ -248,7 +243,7 @@ def average_pool(info: NodeInfo):
         np.divide(y, div, out=y)
         return y.astype(x.dtype, copy=False)
 
-    return run
+    return _pool_kernel(build, body)
 
 
 def _lp_power(x: np.ndarray, p: float, cdt: np.dtype, geo: Geometry | None) -> np.ndarray:
@@ -277,19 +272,16 @@ def lp_pool(info: NodeInfo):
     attrs = dict(info.attrs)
     p = float(attrs.get("p") if attrs.get("p") is not None else 2)
 
-    def build(shape: tuple) -> _PoolPlan:
+    def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
         geo = _pool_geometry(attrs, shape)
         return _PoolPlan(geo, _separable_steps(geo), None)
 
-    plan_for = _plans(build)
-
-    def run(x: np.ndarray) -> np.ndarray:
-        plan = plan_for(x.shape)
+    def body(x: np.ndarray, plan: _PoolPlan) -> np.ndarray:
         cdt = compute_dtype(x.dtype)
         y = _reduce(_lp_power(x, p, cdt, plan.geo), plan.steps, np.add)
         return _lp_root(y, p).astype(x.dtype, copy=False)
 
-    return run
+    return _pool_kernel(build, body)
 
 
 # ---------------------------------------------------------------------------- Global pools

@@ -14,7 +14,6 @@ Numeric conventions, chosen to match onnxruntime's CPU provider:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -35,7 +34,6 @@ _BLAS_MIN_SIZE = 4096  # below this np.add.reduce beats a BLAS matrix-vector pro
 # axes handling
 
 
-@functools.lru_cache(maxsize=2048)
 def _resolve_axes(raw: tuple[int, ...] | None, rank: int, noop: bool) -> tuple[int, ...]:
     """Sorted, de-duplicated, non-negative axes; empty/absent means all axes, or none if noop."""
     if not raw:
@@ -65,17 +63,13 @@ def _axes_tuple(value: object) -> tuple[int, ...] | None:
     return tuple(int(a) for a in arr.reshape(-1))
 
 
-@functools.lru_cache(maxsize=1024)
 def _first_index(axes: tuple[int, ...], rank: int) -> tuple[slice, ...]:
     """Index selecting position 0 of every reduced axis, keeping dims."""
     return tuple(slice(0, 1) if i in axes else slice(None) for i in range(rank))
 
 
-@functools.lru_cache(maxsize=64)
 def _ones(n: int, dtype: np.dtype) -> np.ndarray:
-    ones = np.ones(n, dtype)
-    ones.flags.writeable = False
-    return ones
+    return np.ones(n, dtype)
 
 
 def _has_nan(a: np.ndarray) -> bool:
@@ -297,6 +291,31 @@ def _apply(reduce: Reducer, data: np.ndarray, axes: tuple[int, ...], keepdims: b
     return r.reshape([s for i, s in enumerate(r.shape) if i not in axes])
 
 
+_UNKNOWN = object()
+
+
+def _axes_value(consts: tuple) -> object:
+    """The axes input's value when the signature fixes it (absent: None), else _UNKNOWN."""
+    if len(consts) < 2:
+        return None
+    return _UNKNOWN if consts[1] is None else _axes_tuple(consts[1])
+
+
+def _specializer(reduce: Reducer, raw_axes: Callable[[tuple], object], noop: bool,
+                 keepdims: bool):
+    """specialize() of a reduction: its axes resolved once for the input's rank."""
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        raw = raw_axes(consts)
+        present = len(shapes) > 1 and shapes[1] is not None
+        if shapes[0] is None or (raw is _UNKNOWN and present):
+            return None
+        ax = _resolve_axes(None if raw is _UNKNOWN else raw, len(shapes[0]), noop)
+        return lambda data, *_: _apply(reduce, data, ax, keepdims)
+
+    return specialize
+
+
 def _attr_axes_factory(op: str, reduce: Reducer) -> Callable[[NodeInfo], Callable]:
     def factory(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
         keepdims = bool(info.attrs.get("keepdims", 1))
@@ -306,6 +325,7 @@ def _attr_axes_factory(op: str, reduce: Reducer) -> Callable[[NodeInfo], Callabl
         def run(data: np.ndarray) -> np.ndarray:
             return _apply(reduce, data, _resolve_axes(raw, data.ndim, noop), keepdims)
 
+        run.specialize = _specializer(reduce, lambda consts: raw, noop, keepdims)
         return run
 
     factory.__name__ = factory.__qualname__ = f"{op.lower()}_axes_attribute"
@@ -324,12 +344,14 @@ def _input_axes_factory(op: str, reduce: Reducer) -> Callable[[NodeInfo], Callab
             def run_const(data: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
                 return _apply(reduce, data, _resolve_axes(raw, data.ndim, noop), keepdims)
 
+            run_const.specialize = _specializer(reduce, lambda consts: raw, noop, keepdims)
             return run_const
 
         def run(data: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
             ax = _resolve_axes(_axes_tuple(axes), data.ndim, noop)
             return _apply(reduce, data, ax, keepdims)
 
+        run.specialize = _specializer(reduce, _axes_value, noop, keepdims)
         return run
 
     factory.__name__ = factory.__qualname__ = f"{op.lower()}_axes_input"
@@ -346,7 +368,6 @@ for _op, (_reduce, _input_since) in _REDUCERS.items():
 # ArgMax / ArgMin
 
 
-@functools.lru_cache(maxsize=256)
 def _gather_base(shape: tuple[int, ...], axis: int) -> tuple[np.ndarray, int]:
     """Flat offsets of position 0 along `axis` (dims kept) and the axis stride, C order."""
     outer = math.prod(shape[:axis])

@@ -8,6 +8,7 @@ per tap along that axis. Nearest integer upsampling is a single broadcast copy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,6 @@ from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["resize", "resize_10", "upsample_1", "upsample_7", "upsample_9"]
 
-_MAX_PLANS = 16
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "trilinear": "linear",
@@ -344,19 +344,23 @@ def _values(arr: np.ndarray | None) -> tuple[float, ...] | None:
     return tuple(arr.reshape(-1).tolist())
 
 
-class _PlanCache:
-    def __init__(self, cfg: _Config) -> None:
-        self.cfg = cfg
-        self.plans: dict[tuple, _Plan] = {}
+def _with_plans(params: Callable[..., tuple], cfg: _Config) -> Callable[..., np.ndarray]:
+    """A resize kernel: `params(shape, *inputs after x)` gives (scales, sizes, roi); the plan
+    (per-axis indices and weights) is built per call, or once per input signature when
+    those inputs' values are fixed by then (specialize)."""
 
-    def get(self, shape: tuple[int, ...], scales, sizes, roi) -> _Plan:
-        key = (shape, scales, sizes, roi)
-        plan = self.plans.get(key)
-        if plan is None:
-            if len(self.plans) >= _MAX_PLANS:
-                self.plans.clear()
-            plan = self.plans[key] = _plan(shape, scales, sizes, roi, self.cfg)
-        return plan
+    def run(x: np.ndarray, *rest) -> np.ndarray:
+        return _execute(x, _plan(x.shape, *params(x.shape, *rest), cfg), cfg)
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        if shapes[0] is None or any(sh is not None and c is None
+                                    for sh, c in zip(shapes[1:], consts[1:])):
+            return None
+        plan = _plan(shapes[0], *params(shapes[0], *consts[1:]), cfg)
+        return lambda x, *_: _execute(x, plan, cfg)
+
+    run.specialize = specialize
+    return run
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -366,35 +370,33 @@ class _PlanCache:
 def resize(info: NodeInfo):
     """Resize 11-19: nearest/linear/cubic, every coordinate mode, antialias, axes, policies."""
     cfg = _config(dict(info.attrs), legacy=False)
-    cache = _PlanCache(cfg)
     known = [const_input(info, i) for i in (1, 2, 3)]
     fixed = [_values(v) if v is not None else None for v in known]
     use_roi = cfg.ctm == "tf_crop_and_resize"
+    opset = info.opset
 
-    def run(x: np.ndarray, roi=None, scales=None, sizes=None) -> np.ndarray:
+    def params(shape, roi=None, scales=None, sizes=None) -> tuple:
         r = (fixed[0] if known[0] is not None else _values(roi)) if use_roi else None
         s = fixed[1] if known[1] is not None else _values(scales)
         z = fixed[2] if known[2] is not None else _values(sizes)
         if z is not None:
             z = tuple(int(v) for v in z)
-            if s is not None and info.opset < 13:
+            if s is not None and opset < 13:
                 s = None  # opsets 11-12: sizes are used when given; scales may be a placeholder
-        return _execute(x, cache.get(x.shape, s, z, r), cfg)
+        return s, z, r
 
-    return run
+    return _with_plans(params, cfg)
 
 
 def _legacy_kernel(cfg: _Config, fixed_scales: tuple[float, ...] | None, op: str):
-    cache = _PlanCache(cfg)
-
-    def run(x: np.ndarray, scales=None) -> np.ndarray:
+    def params(shape, scales=None) -> tuple:
         s = fixed_scales if fixed_scales is not None else _values(scales)
-        if s is None or len(s) != x.ndim:
+        if s is None or len(s) != len(shape):
             raise ValueError(f"{op}: scales must have one value per input axis "
-                             f"({x.ndim}), got {s}")
-        return _execute(x, cache.get(x.shape, s, None, None), cfg)
+                             f"({len(shape)}), got {s}")
+        return s, None, None
 
-    return run
+    return _with_plans(params, cfg)
 
 
 @kernel("Resize", since=10, until=10, factory=True, variant="resize.separable")

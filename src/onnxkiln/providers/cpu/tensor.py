@@ -24,21 +24,46 @@ _I64 = np.dtype(np.int64)
 
 
 Shape = tuple[int, ...]
-_CACHE_LIMIT = 64  # distinct input shapes remembered per node (decode loops vary a dim)
 
 
-def _shape_cached(compute: Callable[[Shape], Shape]) -> Callable[..., np.ndarray]:
-    """A view kernel that works out the output shape once per input shape."""
-    cache: dict[Shape, Shape] = {}
+def reshaper(target: Shape) -> Callable[..., np.ndarray]:
+    """A kernel reshaping its first input to `target` (its other inputs ignored); the
+    executor inlines it as `x.reshape(target)`."""
 
     def run(x: np.ndarray, *_: object) -> np.ndarray:
-        target = cache.get(x.shape)
-        if target is None:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            target = cache[x.shape] = compute(x.shape)
         return x.reshape(target)
 
+    run.reshape_to = target
+    return run
+
+
+def _view(compute: Callable[[Shape], Shape]) -> Callable[..., np.ndarray]:
+    """A view kernel whose output shape follows from its input's: worked out per call, or
+    once per input signature (specialize)."""
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        return x.reshape(compute(x.shape))
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        return None if shapes[0] is None else reshaper(compute(shapes[0]))
+
+    run.specialize = specialize
+    return run
+
+
+def _view_by_input(compute: Callable[[Shape, np.ndarray], Shape]) -> Callable[..., np.ndarray]:
+    """A view kernel whose output shape follows from its input's and the value of its second
+    input (Reshape's shape, Squeeze's axes): specialised when that value is fixed."""
+
+    def run(x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
+        return x.reshape(compute(x.shape, value))
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        if shapes[0] is None or len(consts) < 2 or consts[1] is None:
+            return None
+        return reshaper(compute(shapes[0], consts[1]))
+
+    run.specialize = specialize
     return run
 
 
@@ -72,12 +97,8 @@ def _reshape_target(shape: Shape, target: Shape, allowzero: int) -> Shape:
 def _reshape_fn(target: Shape | None, allowzero: int) -> Callable[..., np.ndarray]:
     """A kernel reshaping to `target` (None: read the shape input on each call)."""
     if target is not None:
-        return _shape_cached(lambda shape: _reshape_target(shape, target, allowzero))
-
-    def run_dynamic(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
-        return x.reshape(_reshape_target(x.shape, to_ints(shape), allowzero))
-
-    return run_dynamic
+        return _view(lambda shape: _reshape_target(shape, target, allowzero))
+    return _view_by_input(lambda shape, value: _reshape_target(shape, to_ints(value), allowzero))
 
 
 @kernel("Reshape", since=1, until=4, factory=True, view=True)
@@ -136,11 +157,11 @@ def _unsqueeze_shape(shape: Shape, axes: Shape) -> Shape:
 
 
 def _squeeze_fn(axes: Shape | None) -> Callable[..., np.ndarray]:
-    return _shape_cached(lambda shape: _squeeze_shape(shape, axes))
+    return _view(lambda shape: _squeeze_shape(shape, axes))
 
 
 def _unsqueeze_fn(axes: Shape) -> Callable[..., np.ndarray]:
-    return _shape_cached(lambda shape: _unsqueeze_shape(shape, axes))
+    return _view(lambda shape: _unsqueeze_shape(shape, axes))
 
 
 @kernel("Squeeze", since=1, until=12, factory=True, view=True)
@@ -157,9 +178,8 @@ def squeeze(info: NodeInfo) -> Callable[..., np.ndarray]:
     present = info.n_inputs > 1 and (not info.input_present or info.input_present[1])
     if const is not None or not present:
         return _squeeze_fn(None if const is None else to_ints(const))
-    return lambda x, axes=None: x.reshape(
-        _squeeze_shape(x.shape, None if axes is None else to_ints(axes))
-    )
+    return _view_by_input(
+        lambda shape, axes: _squeeze_shape(shape, None if axes is None else to_ints(axes)))
 
 
 @kernel("Unsqueeze", since=1, until=12, factory=True, view=True)
@@ -174,17 +194,22 @@ def unsqueeze(info: NodeInfo) -> Callable[..., np.ndarray]:
     const = const_input(info, 1)
     if const is not None:
         return _unsqueeze_fn(to_ints(const))
-    return lambda x, axes: x.reshape(_unsqueeze_shape(x.shape, to_ints(axes)))
+    return _view_by_input(lambda shape, axes: _unsqueeze_shape(shape, to_ints(axes)))
 
 
-@kernel("Flatten", since=1, view=True)
-def flatten(x: np.ndarray, *, axis: int) -> np.ndarray:
-    """Reshape to 2-D: dims before `axis` make the rows, the rest the columns."""
-    r = x.ndim
+def _flatten_shape(shape: Shape, axis: int) -> Shape:
+    r = len(shape)
     a = axis + r if axis < 0 else axis
     if not 0 <= a <= r:
         raise ValueError(f"Flatten: axis {axis} is out of range for rank {r} (expected [-r, r])")
-    return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
+    return (math.prod(shape[:a]), math.prod(shape[a:]))
+
+
+@kernel("Flatten", since=1, factory=True, view=True)
+def flatten(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Reshape to 2-D: dims before `axis` make the rows, the rest the columns."""
+    axis = int(info.attrs.get("axis", 1))
+    return _view(lambda shape: _flatten_shape(shape, axis))
 
 
 @kernel("Identity", since=1, view=True)

@@ -1,0 +1,194 @@
+"""Kernels' specialize() paths and their splits across the intra-op pool, checked against
+onnxruntime and against the generic kernels of the first run (bit for bit where the math
+is the same: column splits of a product are)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnxkiln import InferenceSession
+from onnxkiln.testing import make_model, tensor_info
+
+RNG = np.random.default_rng(11)
+
+
+def _runs(model, feeds, threads):
+    """(first run: generic kernels, third run: specialised kernels, the entry)."""
+    s = InferenceSession.builder().intra_op_threads(threads).from_graph(model)
+    first = s.run(feeds)
+    s.run(feeds)
+    third = s.run(feeds)
+    entry = next(iter(s._cache._entries.values()))
+    assert entry.compiled is not None
+    return first, third, entry
+
+
+def _oracle(model, feeds):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+def _check(model, feeds, threads, exact=True, rtol=1e-5, atol=1e-5):
+    first, third, entry = _runs(model, feeds, threads)
+    for a, b, want in zip(first, third, _oracle(model, feeds)):
+        if exact:
+            np.testing.assert_array_equal(b, a)
+        np.testing.assert_allclose(b, want, rtol=rtol, atol=atol)
+    return entry
+
+
+def _variants(entry):
+    return [getattr(st.kernel, "variant", None) for st in entry.compiled.plan.steps]
+
+
+MATMULS = [  # A shape, B shape (B constant when the last flag is set)
+    ((300, 256), (256, 384), True),  # column split
+    ((2, 150, 256), (256, 512), True),  # batch folded into rows, column split
+    ((512, 300), (300, 40), False),  # narrow output: row split
+    ((4, 8, 64, 32), (4, 8, 32, 64), False),  # batched, split over the batch
+    ((3, 5), (5, 7), False),  # small: one call
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("sa", "sb", "const_b"), MATMULS)
+def test_matmul_specialised_and_split(sa, sb, const_b, threads):
+    a = RNG.standard_normal(sa).astype(np.float32)
+    b = RNG.standard_normal(sb).astype(np.float32)
+    inits = {"b": b} if const_b else {}
+    inputs = [tensor_info("a", np.float32, list(sa))]
+    if not const_b:
+        inputs.append(tensor_info("b", np.float32, list(sb)))
+    out = list(np.matmul(a, b).shape)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], inputs,
+                       [tensor_info("y", np.float32, out)], inits)
+    feeds = {"a": a} if const_b else {"a": a, "b": b}
+    exact = len(sb) == 2 and sb[1] >= 128  # column splits keep every bit
+    entry = _check(model, feeds, threads, exact=exact, rtol=1e-4, atol=1e-4)
+    variant = _variants(entry)[0]
+    split = threads == 2 and 2 * np.prod(sa) * sb[-1] >= 2_000_000
+    assert variant.endswith("_split") == split, variant
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("trans_a", "trans_b", "alpha", "beta", "c_shape"), [
+    (0, 0, 1.0, 1.0, (384,)), (1, 0, 0.5, 2.0, (1, 384)), (0, 1, 1.0, 0.0, (384,)),
+    (1, 1, 2.0, 1.0, (200, 384)), (0, 0, 1.0, 1.0, None)])
+def test_gemm_specialised_and_split(trans_a, trans_b, alpha, beta, c_shape, threads):
+    m, k, n = 200, 256, 384
+    a = RNG.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = RNG.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits = {"b": b}
+    names = ["a", "b"]
+    if c_shape is not None:
+        inits["c"] = RNG.standard_normal(c_shape).astype(np.float32)
+        names.append("c")
+    node = helper.make_node("Gemm", names, ["y"], transA=trans_a, transB=trans_b, alpha=alpha,
+                            beta=beta)
+    model = make_model([node], [tensor_info("a", np.float32, list(a.shape))],
+                       [tensor_info("y", np.float32, [m, n])], inits)
+    entry = _check(model, {"a": a}, threads, exact=True, rtol=1e-4, atol=1e-4)
+    assert _variants(entry)[0] == ("gemm.blas_split" if threads == 2 else "gemm.blas")
+
+
+def test_einsum_path_chosen_once_per_signature():
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    w = RNG.standard_normal((5, 6)).astype(np.float32)
+    model = make_model([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")],
+                       [tensor_info("x", np.float32, [3, 4, 5]),
+                        tensor_info("w", np.float32, [5, 6])],
+                       [tensor_info("y", np.float32, [3, 4, 6])])
+    _check(model, {"x": x, "w": w}, 1, rtol=1e-5)
+
+
+def _view_model(node, x_shape, out_shape, inits=None):
+    return make_model([node], [tensor_info("x", np.float32, list(x_shape))],
+                      [tensor_info("y", np.float32, list(out_shape))], inits or {})
+
+
+@pytest.mark.parametrize(("node", "x_shape", "out_shape", "inits"), [
+    (helper.make_node("Reshape", ["x", "s"], ["y"]), (2, 3, 4), (6, 4),
+     {"s": np.array([-1, 4], np.int64)}),
+    (helper.make_node("Reshape", ["x", "s"], ["y"]), (2, 3, 4), (2, 3, 4),
+     {"s": np.array([0, 0, -1], np.int64)}),
+    (helper.make_node("Squeeze", ["x", "a"], ["y"]), (2, 1, 4), (2, 4),
+     {"a": np.array([1], np.int64)}),
+    (helper.make_node("Unsqueeze", ["x", "a"], ["y"]), (2, 4), (2, 1, 4, 1),
+     {"a": np.array([1, -1], np.int64)}),
+    (helper.make_node("Flatten", ["x"], ["y"], axis=2), (2, 3, 4, 5), (6, 20), None),
+])
+def test_view_kernels_are_inlined_reshapes(node, x_shape, out_shape, inits):
+    model = _view_model(node, x_shape, out_shape, inits)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    entry = _check(model, {"x": x}, 1)
+    step = entry.compiled.plan.steps[0]
+    assert step.kernel.reshape_to == out_shape
+    assert ".reshape(r0)" in entry.compiled.source
+
+
+def test_slice_with_folded_starts_is_specialised():
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Slice", ["sh", "z", "one"], ["n"]),  # x's first dim
+             helper.make_node("Sub", ["n", "one"], ["end"]),
+             helper.make_node("Slice", ["x", "one", "end", "z"], ["y"])]
+    inits = {"z": np.array([0], np.int64), "one": np.array([1], np.int64)}
+    model = make_model(nodes, [tensor_info("x", np.float32, ["n", 3])],
+                       [tensor_info("y", np.float32, [None, 3])], inits)
+    x = RNG.standard_normal((7, 3)).astype(np.float32)
+    entry = _check(model, {"x": x}, 1)
+    assert [st.op_type for st in entry.compiled.plan.steps] == ["Slice"]
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pools_build_their_window_plan_once(op):
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            pads=[1, 1, 1, 1])
+    x = RNG.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    model = _view_model(node, x.shape, (1, 4, 5, 5))
+    entry = _check(model, {"x": x}, 1, rtol=1e-5)
+    assert entry.kernels == 1
+
+
+@pytest.mark.parametrize(("op", "axes"), [("ReduceMean", [-1]), ("ReduceSum", [0, 2]),
+                                          ("ReduceMax", None)])
+def test_reductions_resolve_axes_once(op, axes):
+    inputs = ["x"]
+    inits = {}
+    if axes is not None:
+        inputs.append("axes")
+        inits["axes"] = np.array(axes, np.int64)
+    node = helper.make_node(op, inputs, ["y"], keepdims=1)
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    out_shape = [1 if axes is None or i in (a % 3 for a in axes) else d
+                 for i, d in enumerate(x.shape)]
+    model = make_model([node], [tensor_info("x", np.float32, [3, 4, 5])],
+                       [tensor_info("y", np.float32, out_shape)], inits, opset=18)
+    entry = _check(model, {"x": x}, 1, rtol=1e-5)
+    assert entry.kernels == 1
+
+
+def test_cast_picks_its_converter_once():
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT32)
+    model = make_model([node], [tensor_info("x", np.float32, [4, 5])],
+                       [tensor_info("y", np.int32, [4, 5])])
+    x = (RNG.standard_normal((4, 5)) * 100).astype(np.float32)
+    entry = _check(model, {"x": x}, 1)
+    assert entry.kernels == 1
+
+
+def test_resize_plan_built_once_from_folded_sizes():
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Mul", ["sh", "two"], ["sizes"]),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")]
+    inits = {"two": np.array([1, 1, 2, 2], np.int64)}
+    model = make_model(nodes, [tensor_info("x", np.float32, [1, 2, 4, 5])],
+                       [tensor_info("y", np.float32, [1, 2, 8, 10])], inits, opset=19)
+    x = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
+    entry = _check(model, {"x": x}, 1, rtol=1e-5)
+    assert [st.op_type for st in entry.compiled.plan.steps] == ["Resize"]
+    assert entry.kernels == 1
