@@ -114,11 +114,14 @@ def optimize(
         registries = (REGISTRY,)
     ctx = Context(model, registries, portable)
     if level != "disabled" and not _names_pinned(model):
-        _basic(ctx)
+        schedule = _Schedule(ctx)
+        for p in (fold.lift_constants, fold.infer_shapes, eliminate.eliminate_identities):
+            schedule.run(p)
+        schedule.fixed_point(BASIC_LOOP)
         if level in ("extended", "all"):
             for fusion in FUSIONS:
-                _run(fusion, ctx)
-            _fixed_point(ctx, BASIC_LOOP)
+                schedule.run(fusion)
+            schedule.fixed_point(BASIC_LOOP)
     if report is not None:
         report.update(ctx.stats)
         report.seconds = time.perf_counter() - start
@@ -134,19 +137,40 @@ def _names_pinned(model: ir.Model) -> bool:
                for n in model.graph.all_nodes())
 
 
-def _basic(ctx: Context) -> None:
-    for p in (fold.lift_constants, fold.infer_shapes, eliminate.eliminate_identities):
-        _run(p, ctx)
-    _fixed_point(ctx, BASIC_LOOP)
+# Passes whose changes enable no other basic pass: removing nodes and initializers nothing
+# reads makes no value constant, no shape known and no two nodes equal (constant folding's
+# size guards that count readers remember their refusals in ctx.unfoldable).
+_ONLY_REMOVES: frozenset[Pass] = frozenset({eliminate.eliminate_dead})
 
 
-def _fixed_point(ctx: Context, passes: Sequence[Pass]) -> None:
-    for _ in range(_MAX_ROUNDS):
-        changed = False
-        for p in passes:
-            changed |= _run(p, ctx)
-        if not changed:
-            return
+class _Schedule:
+    """Runs passes, counting the changes that may enable others, so a fixed point skips
+    the passes that have nothing new to look at: every pass is idempotent (one sweep does
+    all it can; a second right after it changes nothing), so a pass whose last run saw the
+    graph as it is now is not run again. The result is the one running every pass in
+    every round gives."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.changes = 0
+        self.seen: dict[Pass, int] = {}  # pass -> `changes` when its last run ended
+
+    def run(self, p: Pass) -> bool:
+        changed = _run(p, self.ctx)
+        if changed and p not in _ONLY_REMOVES:
+            self.changes += 1
+        self.seen[p] = self.changes
+        return changed
+
+    def fixed_point(self, passes: Sequence[Pass]) -> None:
+        """Repeat `passes` in order until a round leaves the graph as it found it."""
+        for _ in range(_MAX_ROUNDS):
+            before = self.changes
+            for p in passes:
+                if self.seen.get(p) != self.changes:
+                    self.run(p)
+            if self.changes == before:
+                return
 
 
 def _run(p: Pass, ctx: Context) -> bool:

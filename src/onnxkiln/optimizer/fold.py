@@ -91,10 +91,16 @@ def infer_shapes(ctx: Context) -> bool:
     finally:
         serde_log.setLevel(level)
     values = {v.name: v for node in graph for v in node.outputs if v.name}
+    # what the IR already knew, as sent: an inferred entry equal to its hint adds nothing
+    # (exporters that write value_info for every intermediate leave most of them so)
+    hints = {vi.name: vi.SerializeToString() for vi in proto.graph.value_info}
     changed = False
     for info in inferred.graph.value_info:
         value = values.get(info.name)
         if value is None or value.is_graph_output():
+            continue
+        hint = hints.get(info.name)
+        if hint is not None and hint == info.SerializeToString():
             continue
         found = ir.serde.deserialize_value_info_proto(info, None)
         if value.type is None and found.type is not None:
@@ -109,12 +115,17 @@ def _merge_shape(value: ir.Value, shape: ir.Shape) -> bool:
     if value.shape is None:
         value.shape = shape
         return True
-    before = str(value.shape)
+    before = _dims(value.shape)
     try:
         value.merge_shapes(shape)
     except ValueError:  # conflicting dims: keep what the model said
         return False
-    return str(value.shape) != before
+    return _dims(value.shape) != before
+
+
+def _dims(shape: ir.Shape) -> tuple:
+    """The shape's dims as comparable plain values (ints, symbol names, None)."""
+    return tuple(d if isinstance(d, int) else d.value for d in shape)
 
 
 def fold_constants(ctx: Context) -> bool:
