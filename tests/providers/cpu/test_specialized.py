@@ -192,3 +192,86 @@ def test_resize_plan_built_once_from_folded_sizes():
     entry = _check(model, {"x": x}, 1, rtol=1e-5)
     assert [st.op_type for st in entry.compiled.plan.steps] == ["Resize"]
     assert entry.kernels == 1
+
+
+def _ms_model(node, inputs, outputs, inits):
+    return make_model([node], inputs, outputs, inits, extra_opsets={"com.microsoft": 1})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("rows", "simplified", "beta", "bias"), [
+    (8, False, True, True), (512, False, True, False), (512, True, False, True),
+    (3, True, False, False)])
+def test_skip_layer_norm_specialised(rows, simplified, beta, bias, threads):
+    d = 256
+    x = RNG.standard_normal((2, rows, d)).astype(np.float32)
+    skip = RNG.standard_normal((2, rows, d)).astype(np.float32)
+    inits = {"g": RNG.standard_normal(d).astype(np.float32)}
+    names = ["x", "skip", "g"]
+    if beta and not simplified:
+        inits["b"] = RNG.standard_normal(d).astype(np.float32)
+        names.append("b")
+    elif not simplified and bias:
+        names.append("")
+    if bias:
+        inits["bias"] = RNG.standard_normal(d).astype(np.float32)
+        names.append("bias")
+    op = "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization"
+    node = helper.make_node(op, names, ["y", "", "", "sum"], domain="com.microsoft",
+                            epsilon=1e-5)
+    shape = [2, rows, d]
+    model = _ms_model(node, [tensor_info("x", np.float32, shape),
+                             tensor_info("skip", np.float32, shape)],
+                      [tensor_info("y", np.float32, shape), tensor_info("sum", np.float32, shape)],
+                      inits)
+    entry = _check(model, {"x": x, "skip": skip}, threads, exact=True, rtol=1e-5, atol=1e-5)
+    assert _variants(entry) == ["skiplayernormalization.numba"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(4, 7, 64), (2, 300, 256)])
+def test_layer_normalization_specialised(shape, threads):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    inits = {"s": RNG.standard_normal(shape[-1]).astype(np.float32),
+             "b": RNG.standard_normal(shape[-1]).astype(np.float32)}
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "m", "inv"], axis=-1)
+    stat = [*shape[:-1], 1]
+    model = make_model([node], [tensor_info("x", np.float32, list(shape))],
+                       [tensor_info("y", np.float32, list(shape)),
+                        tensor_info("m", np.float32, stat), tensor_info("inv", np.float32, stat)],
+                       inits, opset=17)
+    entry = _check(model, {"x": x}, threads, exact=True, rtol=1e-5, atol=1e-5)
+    assert _variants(entry) == ["layernormalization.numba"]
+
+
+def test_simplified_layer_normalization_specialised():
+    """onnxruntime registers this op in its own way (no schema onnx knows): checked against
+    the RMSNorm formula."""
+    shape = (3, 5, 32)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    g = RNG.standard_normal(32).astype(np.float32)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "s"], ["y", "inv"], axis=-1,
+                            epsilon=1e-6, domain="com.microsoft")
+    model = _ms_model(node, [tensor_info("x", np.float32, list(shape))],
+                      [tensor_info("y", np.float32, list(shape)),
+                       tensor_info("inv", np.float32, [3, 5, 1])], {"s": g})
+    first, third, entry = _runs(model, {"x": x}, 1)
+    inv = 1 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
+    for a, b in zip(first, third):
+        np.testing.assert_array_equal(b, a)
+    np.testing.assert_allclose(third[0], x * inv * g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(third[1], inv, rtol=1e-5)
+    assert entry.kernels == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("opset", "axis", "shape"), [
+    (13, -1, (2, 4, 16, 16)), (13, 3, (2, 8, 128, 128)), (11, 1, (4, 6, 5)),
+    (13, 1, (3, 4, 5))])  # the last: not the last axis, the generic kernel
+def test_softmax_specialised(opset, axis, shape, threads):
+    x = (RNG.standard_normal(shape) * 3).astype(np.float32)
+    model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
+                       [tensor_info("x", np.float32, list(shape))],
+                       [tensor_info("y", np.float32, list(shape))], opset=opset)
+    entry = _check(model, {"x": x}, threads, exact=True, rtol=1e-5, atol=1e-6)
+    assert entry.kernels == (0 if (opset, axis) == (13, 1) else 1)

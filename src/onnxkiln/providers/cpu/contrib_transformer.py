@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu import _numba, _special
+from onnxkiln.providers.cpu import _numba, _row_kernels, _special
 from onnxkiln.providers.cpu.index import trilu as _onnx_trilu
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.tensor import range_ as _onnx_range
@@ -276,9 +276,49 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         inv_out = inv.reshape(stat).astype(_F32) if want_inv else None
         return y2.reshape(x.shape).astype(x.dtype, copy=False), mean_out, inv_out, total
 
+    def specialize(dtypes, shapes, consts):
+        """The numba kernel on constant gamma/beta/bias, operands prepared once."""
+        sx = shapes[0]
+        if (fast is None or sx is None or len(sx) not in (2, 3) or dtypes[0] != cdt0
+                or shapes[1] != sx or not fast.ready()):
+            return None
+        d, rows = sx[-1], math.prod(sx[:-1])
+        vecs = []
+        for pos in ((2, None, 3) if simplified else (2, 3, 4)):  # gamma, beta, bias
+            if pos is None or pos >= len(shapes) or shapes[pos] is None:
+                vecs.append(None)
+            elif consts[pos] is None or consts[pos].size != d:
+                return None  # not constant (or the wrong size: the generic path says so)
+            else:
+                vecs.append(np.ascontiguousarray(consts[pos], cdt0).reshape(d))
+        gamma, beta, bias = vecs
+        if gamma is None:
+            return None
+        return _skip_norm_special(fast.fn, sx, rows, d, gamma, beta, bias, eps, simplified,
+                                  (want_mean, want_inv, want_sum))
+
     run.variant = f"{op.lower()}.{'numba' if fast is not None else 'numpy'}"
     run.variant_reason = _numba.disabled_reason()
+    run.specialize = specialize
     return run
+
+
+def _skip_norm_special(fn, shape, rows, d, gamma, beta, bias, eps, simplified, wants):
+    """(Skip)LayerNorm for one input shape: one numba call on prepared operands."""
+    want_mean, want_inv, want_sum = wants
+    stat = (*shape[:-1], 1)
+    call = _row_kernels.norm_rows(fn, shape, d, gamma, beta, bias, eps, simplified, True, want_sum)
+
+    def special(x, skip, *_):
+        y, mean, inv, total = call(x, skip)
+        return (y.reshape(shape),
+                (np.zeros(stat, _F32) if simplified else mean.reshape(stat).astype(_F32))
+                if want_mean else None,
+                inv.reshape(stat).astype(_F32) if want_inv else None,
+                total.reshape(shape) if want_sum else None)
+
+    special.variant = "skiplayernormalization.numba"
+    return special
 
 
 @kernel("SkipLayerNormalization", since=1, domain=MS, factory=True, multi_output=True)
@@ -356,6 +396,10 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         mean_out = mean.reshape(stat).astype(stash) if want_mean else None
         return y, mean_out, inv_out
 
+    if stash == cdt0:  # the numba kernel's statistics are in the stash type
+        run.specialize = _row_kernels.axis_norm_specializer(
+            fast, cdt0, axis, eps, simplified, lambda dts: dts[1] if len(dts) > 1 else None,
+            stash, want_mean, want_inv)
     run.variant = f"{tag}.{'numba' if fast is not None else 'numpy'}"
     run.variant_reason = _numba.disabled_reason()
     return run

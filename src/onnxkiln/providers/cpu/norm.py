@@ -11,7 +11,7 @@ import numpy as np
 
 from onnxkiln.dtypes import to_numpy
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -131,7 +131,24 @@ def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.nda
             y = _softmax_axis(xc, owned, ax, log)
         return y.astype(x.dtype) if owned else y
 
+    def specialize(dtypes, shapes, consts) -> Callable[[np.ndarray], np.ndarray] | None:
+        """float32 softmax over the last axis (or the coerced 2-D tail): the numba kernel."""
+        sx = shapes[0]
+        if fast is None or sx is None or dtypes[0] != _F32 or not sx or 0 in sx:
+            return None
+        ax = axis + len(sx) if axis < 0 else axis
+        if not (0 <= ax < len(sx) and (coerce_2d or ax == len(sx) - 1)) or not fast.ready():
+            return None
+        call = _row_kernels.softmax_rows(fast.fn, math.prod(sx[:ax]), math.prod(sx[ax:]), log)
+
+        def special(x: np.ndarray) -> np.ndarray:
+            return call(x).reshape(sx)
+
+        special.variant = f"{tag}.numba"
+        return special
+
     run.variant, run.variant_reason = f"{tag}.{'numba' if fast else 'numpy'}", why
+    run.specialize = specialize
     return run
 
 
@@ -283,6 +300,8 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
 
     run.variant = f"layernormalization.{'numba' if fast else 'numpy'}"
     run.variant_reason = why
+    run.specialize = _row_kernels.axis_norm_specializer(
+        fast, cdt0, axis, eps, False, lambda dts: dts[0], stash, want_mean, want_inv)
     return run
 
 
