@@ -29,6 +29,7 @@ __all__ = [
     "graphs_of",
     "is_const",
     "is_onnx",
+    "nodes_of",
     "other_input",
     "private",
     "producer",
@@ -183,6 +184,13 @@ _ARITY: dict[str, tuple[int, int, int, int]] = {
     "Slice": (1, 5, 1, 1), "Unsqueeze": (1, 2, 1, 1), "Concat": (1, _MANY, 1, 1),
     "Reshape": (1, 2, 1, 1), "Constant": (0, 0, 1, 1),
 }
+
+
+def nodes_of(graph: ir.Graph, *ops: str) -> list[ir.Node]:
+    """The graph's nodes whose op_type is one of `ops` (any domain), listed now: passes
+    rewrite the graph as they walk the list, and this cheap filter saves calling `is_onnx`
+    on every node."""
+    return [n for n in graph if n.op_type in ops]
 
 
 def is_onnx(node: ir.Node, *ops: str) -> bool:

@@ -135,14 +135,22 @@ def eliminate_common_subexpressions(ctx: Context) -> bool:
     """Merge nodes with the same op, attributes and input values; True when any merged."""
     changed = _dedupe_initializers(ctx)
     for graph in ctx.graphs():
-        seen: dict[tuple, ir.Node] = {}
+        # nodes by op and inputs; attributes are frozen only when two nodes share those
+        seen: dict[tuple, list[list]] = {}
         for node in list(graph):
-            key = _cse_key(node)
-            if key is None:
+            head = _cse_head(node)
+            if head is None:
                 continue
-            first = seen.get(key)
+            group = seen.get(head)
+            if group is None:
+                seen[head] = [[_UNFROZEN, node]]
+                continue
+            attrs = _attr_key(node)
+            if attrs is None:
+                continue
+            first = _same_attrs(group, attrs)
             if first is None:
-                seen[key] = node
+                group.append([attrs, node])
                 continue
             if any(v.is_graph_output() for v in node.outputs):
                 continue
@@ -154,17 +162,38 @@ def eliminate_common_subexpressions(ctx: Context) -> bool:
     return changed
 
 
-def _cse_key(node: ir.Node) -> tuple | None:
+_UNFROZEN: Any = object()
+
+
+def _same_attrs(group: list[list], attrs: tuple) -> ir.Node | None:
+    """The first node of the group whose frozen attributes equal `attrs` (freezing those
+    not frozen yet)."""
+    for entry in group:
+        if entry[0] is _UNFROZEN:
+            entry[0] = _attr_key(entry[1])
+        if entry[0] is not None and entry[0] == attrs:
+            return entry[1]
+    return None
+
+
+def _cse_head(node: ir.Node) -> tuple | None:
+    """What two mergeable nodes share besides attributes; None for nodes never merged."""
     if node.domain not in PURE_DOMAINS or (is_onnx(node, *RANDOM_OPS)):
         return None
+    return (node.domain, node.op_type, node.overload, len(node.outputs),
+            tuple(id(v) if v is not None else None for v in node.inputs))
+
+
+def _attr_key(node: ir.Node) -> tuple | None:
+    """The node's attributes frozen for comparison; None when one cannot be (subgraphs,
+    references)."""
     attrs = []
     for name, a in sorted(node.attributes.items()):
         frozen = _freeze_attr(a)
         if frozen is None:
             return None
         attrs.append((name, frozen))
-    return (node.domain, node.op_type, node.overload, len(node.outputs),
-            tuple(id(v) if v is not None else None for v in node.inputs), tuple(attrs))
+    return tuple(attrs)
 
 
 def _freeze_attr(a: ir.Attr) -> Any:

@@ -25,6 +25,7 @@ from onnxkiln.optimizer._graph import (
     constant_attr_array,
     is_const,
     is_onnx,
+    nodes_of,
 )
 from onnxkiln.optimizer.eliminate import RANDOM_OPS
 from onnxkiln.skeleton import skeleton
@@ -41,7 +42,7 @@ def lift_constants(ctx: Context) -> bool:
     """Turn Constant nodes (tensor or number attributes) into initializers of their graph."""
     changed = False
     for graph in ctx.graphs():
-        for node in list(graph):
+        for node in nodes_of(graph, "Constant"):
             if not is_onnx(node, "Constant") or len(node.attributes) != 1:
                 continue
             out = node.outputs[0]
@@ -142,10 +143,10 @@ def _fold_node(ctx: Context, graph: ir.Graph, node: ir.Node) -> bool:
     if (node.op_type in _NEVER_FOLD and node.domain in ("", "ai.onnx")) or \
             id(node) in ctx.unfoldable:
         return False
-    if not node.inputs or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                              or a.is_ref() for a in node.attributes.values()):
+    if not node.inputs or not all(v is None or is_const(v) for v in node.inputs):
         return False
-    if not all(v is None or is_const(v) for v in node.inputs):
+    if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) or a.is_ref()
+           for a in node.attributes.values()):
         return False
     if _shared_weight(node):
         ctx.unfoldable.add(id(node))

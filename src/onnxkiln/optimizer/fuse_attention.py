@@ -21,6 +21,7 @@ from onnxkiln.optimizer._graph import (
     float_dtype,
     is_const,
     is_onnx,
+    nodes_of,
     other_input,
     producer,
     rank,
@@ -37,7 +38,7 @@ def fuse_attention(ctx: Context) -> bool:
     if not ctx.supports(OURS, "ScaledDotProductAttention"):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "Softmax"):
         if node.graph is not None and is_onnx(node, "Softmax"):
             changed |= _fuse_at(ctx, node)
     return changed

@@ -19,6 +19,7 @@ from onnxkiln.optimizer._graph import (
     const_array,
     float_dtype,
     is_onnx,
+    nodes_of,
     other_input,
     producer,
     same_dims,
@@ -34,7 +35,7 @@ _ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid")
 def fold_batch_norm(ctx: Context) -> bool:
     """Fold inference BatchNormalization into the Conv before it."""
     changed = False
-    for bn in list(ctx.model.graph):
+    for bn in nodes_of(ctx.model.graph, "BatchNormalization"):
         if bn.graph is not None and is_onnx(bn, "BatchNormalization"):
             changed |= _fold_bn(ctx, bn)
     return changed
@@ -91,7 +92,7 @@ def fuse_conv_activation(ctx: Context) -> bool:
     if not ctx.supports(MS, "FusedConv"):
         return False
     changed = False
-    for act in list(ctx.model.graph):
+    for act in nodes_of(ctx.model.graph, *_ACTIVATIONS):
         if act.graph is not None and is_onnx(act, *_ACTIVATIONS):
             changed |= _fuse_at(ctx, act)
     return changed

@@ -23,6 +23,7 @@ from onnxkiln.optimizer._graph import (
     consumers,
     float_dtype,
     is_onnx,
+    nodes_of,
     other_input,
     producer,
     rank,
@@ -39,7 +40,7 @@ _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
 def fuse_gelu(ctx: Context) -> bool:
     """Replace erf/tanh GELU subgraphs by one com.microsoft Gelu / FastGelu node."""
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "Erf", "Tanh"):
         if node.graph is None:
             continue
         if is_onnx(node, "Erf") and ctx.supports(MS, "Gelu"):
@@ -166,7 +167,7 @@ def _tanh_gelu(ctx: Context, tanh: ir.Node) -> bool:
 def fuse_bias_gelu(ctx: Context) -> bool:
     """Add(x, bias) -> Gelu/FastGelu becomes BiasGelu(x, bias) / FastGelu(x, bias)."""
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "Gelu", "FastGelu"):
         if node.graph is None or node.domain != MS or len(node.inputs) != 1 or \
                 len(node.outputs) != 1:
             continue

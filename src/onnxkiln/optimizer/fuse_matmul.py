@@ -22,6 +22,7 @@ from onnxkiln.optimizer._graph import (
     const_shape,
     float_dtype,
     is_onnx,
+    nodes_of,
     other_input,
     producer,
     rank,
@@ -67,7 +68,7 @@ def fuse_matmul_scale(ctx: Context) -> bool:
     if not ctx.supports(MS, "FusedMatMul"):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "MatMul", "FusedMatMul"):
         if node.graph is None or not _matmul_like(node) or not float_dtype(node.outputs[0]):
             continue
         y = node.outputs[0]
@@ -105,7 +106,7 @@ def fuse_matmul_transpose(ctx: Context) -> bool:
     if not ctx.supports(MS, "FusedMatMul"):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "MatMul", "FusedMatMul"):
         if node.graph is None or not _matmul_like(node) or not float_dtype(node.outputs[0]):
             continue
         attrs = _fused_attrs(node)
@@ -130,7 +131,7 @@ def fuse_matmul_transpose(ctx: Context) -> bool:
 def fuse_matmul_add(ctx: Context) -> bool:
     """MatMul + bias Add -> Gemm (2-D A) or onnxkiln FusedMatMulBias (N-D A, 2-D B)."""
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "MatMul"):
         if node.graph is None or not is_onnx(node, "MatMul"):
             continue
         a, b = node.inputs
@@ -205,7 +206,7 @@ def fuse_gemm_activation(ctx: Context) -> bool:
     if not ctx.supports(MS, "FusedGemm"):
         return False
     changed = False
-    for gemm in list(ctx.model.graph):
+    for gemm in nodes_of(ctx.model.graph, "Gemm"):
         if gemm.graph is None or not is_onnx(gemm, "Gemm") or \
                 not float_dtype(gemm.outputs[0]):
             continue

@@ -26,6 +26,7 @@ from onnxkiln.optimizer._graph import (
     consumers,
     float_dtype,
     is_onnx,
+    nodes_of,
     other_input,
     producer,
     rank,
@@ -105,7 +106,7 @@ def fuse_layer_norm(ctx: Context) -> bool:
     if not ctx.supports("", "LayerNormalization"):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "Sub"):
         if node.graph is not None and is_onnx(node, "Sub"):
             changed |= _layer_norm_at(ctx, node)
     return changed
@@ -155,7 +156,7 @@ def fuse_rms_norm(ctx: Context) -> bool:
     if not ctx.supports("", op):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "ReduceMean"):
         if node.graph is not None and is_onnx(node, "ReduceMean"):
             changed |= _rms_norm_at(ctx, node, op)
     return changed
@@ -196,7 +197,7 @@ def fuse_skip_layer_norm(ctx: Context) -> bool:
     if not ctx.supports(MS, "SkipLayerNormalization"):
         return False
     changed = False
-    for node in list(ctx.model.graph):
+    for node in nodes_of(ctx.model.graph, "LayerNormalization"):
         if node.graph is not None and is_onnx(node, "LayerNormalization"):
             changed |= _skip_at(ctx, node)
     return changed

@@ -25,6 +25,7 @@ from onnxkiln.optimizer._graph import (
     const_array,
     const_shape,
     is_onnx,
+    nodes_of,
     producer,
 )
 from onnxkiln.optimizer.fold import evaluate, to_initializer
@@ -32,6 +33,7 @@ from onnxkiln.optimizer.fold import evaluate, to_initializer
 __all__ = ["fold_reshape_targets", "fold_shapes"]
 
 Dim = int | tuple[ir.Value, int]  # a known size, or (value, axis) for a symbolic dim
+_SHAPE_OPS = ("Size", "Shape", "Gather", "Slice", "Unsqueeze", "Concat")  # what may fold
 _MAX_ELEMENTS = 64
 
 
@@ -39,7 +41,7 @@ def fold_shapes(ctx: Context) -> bool:
     """Fold shape computations whose every element is statically known."""
     changed = False
     for graph in ctx.graphs():
-        for node in list(graph):
+        for node in nodes_of(graph, *_SHAPE_OPS):
             if node.graph is not graph or len(node.outputs) != 1:
                 continue
             out = node.outputs[0]
@@ -148,7 +150,7 @@ def fold_reshape_targets(ctx: Context) -> bool:
     """Turn Reshape targets built from the input's own symbolic dims into constants."""
     changed = False
     for graph in ctx.graphs():
-        for node in list(graph):
+        for node in nodes_of(graph, "Reshape"):
             if node.graph is not graph or not is_onnx(node, "Reshape") or \
                     len(node.inputs) != 2 or attr(node, "allowzero", 0):
                 continue
