@@ -20,11 +20,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ENABLED", "Lazy", "disabled_reason", "lazy", "load", "stats"]
+__all__ = ["ENABLED", "Lazy", "disabled_reason", "lazy", "load", "register", "stats"]
 
 ENABLED = True
 ENV = "ONNXKILN_NO_NUMBA"
@@ -36,6 +36,27 @@ _compiled: dict[tuple[str, np.dtype], Callable[..., Any]] = {}
 _installed: bool | None = None
 _import_error: str | None = None  # numba is installed but does not import (numpy too new...)
 _stats = {"compiled": 0, "seconds": 0.0, "cache": None}
+
+
+class _External(NamedTuple):
+    """A kernel whose body lives in another jit module (imported only when compiled)."""
+
+    module: str
+    signature: Callable[[np.dtype], Any]
+    dtypes: tuple[np.dtype, ...]
+    fastmath: Any
+
+
+_external: dict[str, _External] = {}
+
+
+def register(name: str, module: str, signature: Callable[[np.dtype], Any],
+             dtypes: tuple[Any, ...], fastmath: Any = False) -> None:
+    """Declare kernel `name`: function `name` of jit module `module` (a dotted path, imported
+    when the kernel is first loaded), compiled with `signature(dtype)` (a numba signature,
+    built lazily) for each of `dtypes`. fastmath False keeps IEEE order (exact sums)."""
+    _external[name] = _External(module, signature, tuple(np.dtype(d) for d in dtypes),
+                                fastmath)
 
 
 def _is_installed() -> bool:
@@ -95,17 +116,23 @@ _DTYPES = {
 
 def _compile(name: str, dt: np.dtype) -> Callable[..., Any] | None:
     global _import_error
+    ext = _external.get(name)
     try:
+        import importlib
+
         import numba
 
         from onnxkiln.providers.cpu import _numba_jit
+
+        module = importlib.import_module(ext.module) if ext else _numba_jit
     except ImportError as e:  # e.g. a numba release older than the installed numpy
         _import_error = str(e)
         return None
 
-    fn = getattr(_numba_jit, name)
-    sig = _signature(name, dt)
-    opts = {"nogil": True, "fastmath": _numba_jit.FASTMATH, "error_model": "numpy"}
+    fn = getattr(module, name)
+    sig = ext.signature(dt) if ext else _signature(name, dt)
+    fastmath = ext.fastmath if ext else _numba_jit.FASTMATH
+    opts = {"nogil": True, "fastmath": fastmath, "error_model": "numpy"}
     try:
         return numba.njit([sig], cache=True, **opts)(fn)
     except RuntimeError as e:  # "cannot cache function ...: no locator available"
@@ -119,9 +146,14 @@ def _compile(name: str, dt: np.dtype) -> Callable[..., Any] | None:
                               f"({_numba_jit.NO_CACHE[0]})"
 
 
+def _dtypes(name: str) -> tuple[np.dtype, ...]:
+    ext = _external.get(name)
+    return ext.dtypes if ext else _DTYPES[name]
+
+
 def supports(name: str, dtype: Any) -> bool:
     """Whether kernel `name` has a numba version for `dtype`."""
-    return np.dtype(dtype) in _DTYPES[name]
+    return np.dtype(dtype) in _dtypes(name)
 
 
 def load(name: str, dtype: Any = _F32) -> Callable[..., Any] | None:
@@ -130,7 +162,7 @@ def load(name: str, dtype: Any = _F32) -> Callable[..., Any] | None:
     if disabled_reason() is not None:
         return None
     dt = np.dtype(dtype)
-    if dt not in _DTYPES[name]:
+    if dt not in _dtypes(name):
         return None
     return _get(name, dt)
 
@@ -142,7 +174,7 @@ def lazy(name: str, dtype: Any = _F32) -> Lazy | None:
     if disabled_reason() is not None:
         return None
     dt = np.dtype(dtype)
-    if dt not in _DTYPES[name]:
+    if dt not in _dtypes(name):
         return None
     return Lazy(name, dt)
 
