@@ -22,6 +22,7 @@ __all__ = [
     "class_labels",
     "float_attr",
     "logistic",
+    "logistic_pair",
     "post_transform",
     "probit",
     "softmax",
@@ -106,6 +107,14 @@ def logistic(v: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(v))
     s = np.float32(1.0) / (np.float32(1.0) + e)
     return np.where(v < 0, np.float32(1.0) - s, s).astype(_F32, copy=False)
+
+
+def logistic_pair(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(logistic(-v), logistic(v)) as `logistic` computes them, sharing one exp."""
+    v = np.asarray(v, dtype=_F32)
+    s = np.float32(1.0) / (np.float32(1.0) + np.exp(-np.abs(v)))
+    r = np.float32(1.0) - s
+    return np.where(v > 0, r, s), np.where(v < 0, r, s)
 
 
 def probit(v: np.ndarray) -> np.ndarray:
