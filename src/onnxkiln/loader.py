@@ -323,12 +323,9 @@ def _sort_graph(graph: onnx.GraphProto, outer: set[str], source: str) -> None:
         if out.name not in producer and out.name not in known:
             raise ModelLoadError(f"{source}: graph output '{out.name}' is never produced")
     if order != list(range(len(order))):
-        nodes = [graph.node[i] for i in order]
-        copies = [onnx.NodeProto() for _ in nodes]
-        for c, n in zip(copies, nodes):
-            c.CopyFrom(n)
+        nodes = [graph.node[i] for i in order]  # stay valid once removed: extend copies them
         del graph.node[:]
-        graph.node.extend(copies)
+        graph.node.extend(nodes)
     scope = known | set(producer)
     for node in graph.node:
         for a in node.attribute:
