@@ -275,3 +275,34 @@ def test_softmax_specialised(opset, axis, shape, threads):
                        [tensor_info("y", np.float32, list(shape))], opset=opset)
     entry = _check(model, {"x": x}, threads, exact=True, rtol=1e-5, atol=1e-6)
     assert entry.kernels == (0 if (opset, axis) == (13, 1) else 1)
+
+
+CONVS = [  # channels, size, kernel, stride, group (C = depthwise), batch, dilation
+    (16, 30, 3, 2, 16, 1, 1), (64, 9, 5, 1, 64, 1, 1), (48, 20, 3, 1, 48, 2, 2),
+    (8, 17, 3, 1, 1, 1, 1), (32, 12, 1, 2, 1, 1, 1), (32, 12, 1, 1, 1, 2, 1),
+    (12, 11, 3, 2, 3, 1, 1), (6, 40, 3, 1, 1, 1, 2)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("c", "h", "k", "s", "g", "n", "d"), CONVS)
+@pytest.mark.parametrize("fused", [False, True])
+def test_conv_specialised_paths(c, h, k, s, g, n, d, threads, fused):
+    m = c if g == c else 24
+    x = RNG.standard_normal((n, c, h, h)).astype(np.float32)
+    w = RNG.standard_normal((m, c // g, k, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    pad = (k // 2) * d
+    attrs = {"group": g, "pads": [pad] * 4, "strides": [s, s], "dilations": [d, d]}
+    if fused:
+        node = helper.make_node("FusedConv", ["x", "w", "b"], ["y"], domain="com.microsoft",
+                                activation="Relu", **attrs)
+    else:
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    o = (h + 2 * pad - d * (k - 1) - 1) // s + 1
+    model = _ms_model(node, [tensor_info("x", np.float32, [n, c, h, h])],
+                      [tensor_info("y", np.float32, [n, m, o, o])], {"w": w, "b": b})
+    entry = _check(model, {"x": x}, threads, exact=False, rtol=1e-4, atol=1e-4)
+    assert entry.kernels == 1
+    variant = _variants(entry)[0]
+    if g == c and g > 1:
+        assert "depthwise" in variant and variant.endswith("_numba")

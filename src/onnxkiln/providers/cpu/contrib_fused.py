@@ -258,6 +258,26 @@ def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
             y += z
         return _activate(y, act)
 
+    def specialize(dtypes, shapes, consts):
+        """Conv's specialisation, the activation (and Z) applied to its fresh output."""
+        inner = conv.specialize(dtypes[:3], shapes[:3], consts[:3])
+        if inner is None:
+            return None
+
+        def special(x, w, b=None, z=None):
+            y = inner(x, w, b)
+            if z is not None:
+                if z.shape != y.shape:
+                    raise ValueError(f"{op}: Z must have the output's shape {y.shape}, got "
+                                     f"{z.shape}")
+                y += z
+            return _activate(y, act)
+
+        special.variant = "fusedconv." + (getattr(inner, "variant", "") or ".").split(".", 1)[-1]
+        special.variant_reason = getattr(inner, "variant_reason", None)
+        return special
+
+    run.specialize = specialize
     return run
 
 
@@ -283,4 +303,16 @@ def fused_gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
     def run(a: np.ndarray, b: np.ndarray, c=None) -> np.ndarray:
         return _activate(gemm(a, b, c), act)
 
+    def specialize(dtypes, shapes, consts):
+        inner = gemm.specialize(dtypes, shapes, consts)
+        if inner is None:
+            return None
+
+        def special(a, b, c=None):
+            return _activate(inner(a, b, c), act)
+
+        special.variant = "fusedgemm." + inner.variant.split(".", 1)[-1]
+        return special
+
+    run.specialize = specialize
     return run

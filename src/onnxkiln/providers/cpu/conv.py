@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _conv_special, _numba
 from onnxkiln.providers.cpu._window import (
     Geometry,
     compute_dtype,
@@ -25,7 +25,6 @@ from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["conv", "conv_transpose"]
 
-_MAX_PLANS = 16
 
 
 def _const(info: NodeInfo, i: int) -> np.ndarray | None:
@@ -293,12 +292,13 @@ def conv(info: NodeInfo):
     """Conv: im2col + BLAS matmul; depthwise shifted-MAC and 1x1 matmul fast paths."""
     attrs = dict(info.attrs)
     group = int(attrs.get("group") or 1)
-    weights = _Cached(_const(info, 1), lambda w, kind, cdt: _prep_weight(w, kind, group, cdt))
-    biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
-    flat_biases = _Cached(_const(info, 2), lambda b, cdt: np.ascontiguousarray(b, dtype=cdt))
-    plans: dict[tuple, _ConvPlan] = {}
-    # Grouped/depthwise convs: the numba kernel for the declared dtype, loaded on first use.
+    w_const, b_const = _const(info, 1), _const(info, 2)
+    weights = _Cached(w_const, lambda w, kind, cdt: _prep_weight(w, kind, group, cdt))
+    biases = _Cached(b_const, lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
+    flat_biases = _Cached(b_const, lambda b, cdt: np.ascontiguousarray(b, dtype=cdt))
+    # Grouped/depthwise convs: the numba kernels for the declared dtype, loaded on first use.
     fast_fns: dict[np.dtype, _numba.Lazy] = {}
+    depthwise_fns: dict[str, _numba.Lazy | None] = {}
     fast_reason = _numba.disabled_reason() if group > 1 else None
     if group > 1 and fast_reason is None:
         dt = info.input_dtypes[0] if info.input_dtypes else None
@@ -306,34 +306,83 @@ def conv(info: NodeInfo):
         handle = _numba.lazy("conv2d", cdt0)
         if handle is not None:
             fast_fns[cdt0] = handle
+        depthwise_fns = {kind: _numba.lazy(f"depthwise_{kind}", cdt0)
+                         for kind in ("planes", "cl")}
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        cdt = compute_dtype(x.dtype)
-        key = (x.shape, w.shape, cdt)
-        plan = plans.get(key)
-        if plan is None:
-            _check_channels("Conv", x, w, group, transpose=False)
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            handle = fast_fns.get(cdt)
-            fast = handle.fn if handle is not None and handle.ready() else None
-            reason = None if fast else (fast_reason or (handle.reason if handle else None)
-                                        or f"numba kernel made for the declared type, not {cdt}")
-            plan = plans[key] = _plan_conv(attrs, group, x.shape, w.shape, fast, reason)
-        run.variant, run.variant_reason = plan.variant, plan.reason
+    def plan_for(x_shape: tuple, w_shape: tuple, cdt: np.dtype) -> _ConvPlan:
+        handle = fast_fns.get(cdt)
+        fast = handle.fn if handle is not None and handle.ready() else None
+        reason = None if fast else (fast_reason or (handle.reason if handle else None)
+                                    or f"numba kernel made for the declared type, not {cdt}")
+        return _plan_conv(attrs, group, x_shape, w_shape, fast, reason)
+
+    def execute(plan: _ConvPlan, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                cdt: np.dtype) -> np.ndarray:
         if plan.kind == "numba":
             bias = (_zeros(w.shape[0], cdt) if b is None else flat_biases.get(b, cdt))
             w4 = weights.get(w, "numba", cdt)
             return _finish(_run_numba(plan, x, w4, cdt, fast_fns[cdt].fn, bias), None,
                            x.dtype, True)
         wkind = "depthwise" if plan.kind == "depthwise" else "matmul"
-        wm = weights.get(w, wkind, cdt)
-        res, fresh = _CONV_RUNNERS[plan.kind](plan, x, wm, cdt)
+        res, fresh = _CONV_RUNNERS[plan.kind](plan, x, weights.get(w, wkind, cdt), cdt)
         bias = None if b is None else biases.get(b, x.ndim - 2, cdt)
         return _finish(res, bias, x.dtype, fresh)
 
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        cdt = compute_dtype(x.dtype)
+        _check_channels("Conv", x, w, group, transpose=False)
+        plan = plan_for(x.shape, w.shape, cdt)
+        run.variant, run.variant_reason = plan.variant, plan.reason
+        return execute(plan, x, w, b, cdt)
+
+    def specialize(dtypes, shapes, consts):
+        """Plan, weights and thread split for one input signature (_conv_special)."""
+        sx, sw_, dt = shapes[0], shapes[1], dtypes[0]
+        if sx is None or sw_ is None or dt is None or w_const is None or (
+                len(shapes) > 2 and shapes[2] is not None and b_const is None):
+            return None
+        cdt = compute_dtype(dt)
+        _check_channels("Conv", np.empty(sx, cdt), w_const, group, transpose=False)
+        plan = plan_for(sx, sw_, cdt)
+        special = _special_runner(plan, group, w_const, b_const, cdt, dt, depthwise_fns)
+        if special is None:
+            def special(x, w, b=None):
+                return execute(plan, x, w, b, cdt)
+
+            special.variant = plan.variant
+        special.variant_reason = plan.reason
+        return special
+
     run.variant, run.variant_reason = "conv.im2col", None
+    run.specialize = specialize
     return run
+
+
+def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | None,
+                    cdt: np.dtype, dt: np.dtype, depthwise_fns: dict) -> Callable | None:
+    """The fast path of _conv_special for this plan, or None (keep the plan's runner)."""
+    if dt != cdt:
+        return None
+    nsp = len(plan.geo.out)
+    bias = None if b is None else np.ascontiguousarray(b, dtype=cdt)
+    if plan.kind in ("1x1", "im2col") and plan.n == 1 and group == 1:
+        wm = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(w.shape[0], -1))
+        make = _conv_special.one_by_one_call if plan.kind == "1x1" else _conv_special.im2col_call
+        special = make(plan.geo, wm, bias, plan.out_shape)
+        special.variant = plan.variant
+        return special
+    depthwise = group > 1 and w.shape[0] == group and w.shape[1] == 1 and nsp == 2
+    if depthwise and plan.kind == "numba":
+        small = math.prod(plan.geo.out) <= _conv_special.CL_MAX_POSITIONS
+        kind = "cl" if small else "planes"
+        handle = depthwise_fns.get(kind)
+        if handle is None or not handle.ready():
+            return None
+        taps = np.asarray(w, dtype=cdt)[:, 0]
+        wk = np.ascontiguousarray(taps.transpose(1, 2, 0) if small else taps)
+        flat = bias if bias is not None else np.zeros(w.shape[0], cdt)
+        return _conv_special.depthwise_call(handle.fn, kind, plan.geo, wk, flat, plan.out_shape)
+    return None
 
 
 _F32 = np.dtype(np.float32)
@@ -458,19 +507,24 @@ def conv_transpose(info: NodeInfo):
     group = int(attrs.get("group") or 1)
     weights = _Cached(_const(info, 1), lambda w, cdt: _prep_transpose_weight(w, group, cdt))
     biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
-    plans: dict[tuple, _TransposePlan] = {}
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        key = (x.shape, w.shape)
-        plan = plans.get(key)
-        if plan is None:
-            _check_channels("ConvTranspose", x, w, group, transpose=True)
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plan = plans[key] = _plan_transpose(attrs, group, x.shape, w.shape)
+    def execute(plan: _TransposePlan, x: np.ndarray, w: np.ndarray, b) -> np.ndarray:
         cdt = compute_dtype(x.dtype)
         res, fresh = _run_transpose(plan, x, weights.get(w, cdt), cdt)
         bias = None if b is None else biases.get(b, x.ndim - 2, cdt)
         return _finish(res, bias, x.dtype, fresh)
 
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        _check_channels("ConvTranspose", x, w, group, transpose=True)
+        return execute(_plan_transpose(attrs, group, x.shape, w.shape), x, w, b)
+
+    def specialize(dtypes, shapes, consts):
+        if shapes[0] is None or shapes[1] is None:
+            return None
+        _check_channels("ConvTranspose", np.empty(shapes[0], np.float32),
+                        np.empty(shapes[1], np.float32), group, transpose=True)
+        plan = _plan_transpose(attrs, group, shapes[0], shapes[1])
+        return lambda x, w, b=None: execute(plan, x, w, b)
+
+    run.specialize = specialize
     return run

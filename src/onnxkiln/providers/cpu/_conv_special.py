@@ -1,0 +1,147 @@
+"""Conv specialised for one input signature (conv.py's `specialize`).
+
+With constant weights and known shapes everything but the arithmetic is done once: the
+geometry, the weight matrix in the layout its path wants, the bias, the thread split.
+
+- 1x1 convs (one image, one group): one GEMM, W (M, C) @ X (C, H*W), split over output
+  columns across the pool.
+- im2col convs (one image, one group): the output rows are cut into chunks; each chunk
+  copies its own im2col columns and multiplies them, so the chunks run in parallel and the
+  columns stay in cache; a column chunk of a product computes the same bits as the whole.
+- depthwise 2-D convs with numba: `depthwise_planes` (stride-phase planes, long rows) or
+  `depthwise_cl` (channels-last, small maps with many channels), channels split across the
+  pool in blocks of 16.
+- anything else keeps conv.py's runner for its plan kind, with the plan and prepared
+  weights bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from onnxkiln.pool import active_threads, parallel_for
+from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu._gemm import matmul_split, plan_split, split_ranges
+from onnxkiln.providers.cpu._window import Geometry, padded_copy
+
+__all__ = ["CL_MAX_POSITIONS", "depthwise_call", "im2col_call", "one_by_one_call"]
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _depthwise_signature(dt: np.dtype) -> tuple:
+    """(x, w, bias, params, c0, c1, out) of both depthwise kernels (numba types, lazily)."""
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 4, "C", readonly=True), types.Array(f, 3, "C", readonly=True),
+            types.Array(f, 1, "C", readonly=True), types.UniTuple(i64, 6), i64, i64,
+            types.Array(f, 4, "C"))
+
+
+for _kind in ("planes", "cl"):
+    _numba.register(f"depthwise_{_kind}", "onnxkiln.providers.cpu._numba_conv",
+                    _depthwise_signature, (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
+
+CL_MAX_POSITIONS = 256
+"""Depthwise convs with at most this many output positions per channel take the
+channels-last kernel (measured: 14x14 and 7x7 maps 1.5-3x faster than stride-phase planes;
+28x28 and larger slower)."""
+DW_SPLIT_MIN = 50_000  # multiply-adds below which a depthwise conv runs on one thread
+IM2COL_CHUNK_FLOPS = 4_000_000  # about this much work per im2col chunk when split
+
+
+def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
+                    out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+    """A 1x1 conv of one image and one group: (M, C) @ (C, H*W), split over columns."""
+    m, c = wm.shape
+    positions = math.prod(geo.out)
+    split = plan_split(m, c, positions, active_threads())
+    strided = any(s != 1 for s in geo.strides)
+    index = (Ellipsis, *(slice(None, None, s) for s in geo.strides))
+    b = None if bias is None else bias.reshape(m, 1)
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        if strided:
+            x = x[index]
+        xm = x.reshape(c, positions)
+        if xm.dtype != wm.dtype:
+            xm = xm.astype(wm.dtype)
+        y = matmul_split(wm, xm, split)
+        if b is not None:
+            y += b
+        return y.reshape(out_shape)
+
+    return run
+
+
+def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
+                out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+    """An im2col conv of one image and one group, chunked over output rows (module doc)."""
+    m, k = wm.shape
+    c = k // math.prod(geo.kernel)
+    nsp = len(geo.out)
+    rows, inner = geo.out[0], math.prod(geo.out[1:])
+    flops = 2 * m * k * rows * inner
+    threads = active_threads()
+    parts = 1 if threads < 2 else max(1, min(rows, 4 * threads, flops // IM2COL_CHUNK_FLOPS))
+    ranges = split_ranges(rows, parts, 1)
+    b = None if bias is None else bias.reshape(m, 1)
+    dt = wm.dtype
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        xp = padded_copy(x, geo, 0, dt) if geo.needs_pad else x
+        xp = xp[0]  # (C, *padded)
+        s_c, *s_sp = xp.strides
+        view = as_strided(
+            xp, shape=(c, *geo.kernel, *geo.out),
+            strides=(s_c, *(s * d for s, d in zip(s_sp, geo.dilations)),
+                     *(s * st for s, st in zip(s_sp, geo.strides))),
+            writeable=False)
+        y = np.empty((m, rows * inner), dt)
+
+        def chunk(i: int) -> None:
+            lo, hi = ranges[i]
+            part = view[(Ellipsis, slice(lo, hi), *(slice(None),) * (nsp - 1))]
+            cols = np.empty(part.shape, dt)
+            np.copyto(cols, part, casting="unsafe")
+            np.matmul(wm, cols.reshape(k, -1), out=y[:, lo * inner:hi * inner])
+
+        parallel_for(len(ranges), chunk)
+        if b is not None:
+            y += b
+        return y.reshape(out_shape)
+
+    return run
+
+
+def depthwise_call(fn: Callable, kind: str, geo: Geometry, w: np.ndarray, bias: np.ndarray,
+                   out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+    """A 2-D depthwise conv through numba kernel `fn` ("planes" or "cl"; w prepared for it:
+    (C, KH, KW) or (KH, KW, C)), channels split across the pool in blocks of 16."""
+    channels = out_shape[1]
+    params = (*geo.strides, *geo.dilations, *geo.pads_begin)
+    work = math.prod(out_shape) * math.prod(geo.kernel)
+    threads = active_threads()
+    ranges = ((0, channels),)
+    if threads > 1 and work >= DW_SPLIT_MIN and channels >= 32:
+        ranges = split_ranges(channels, min(2 * threads, channels // 16), 16)
+    dt = w.dtype
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        x4 = np.ascontiguousarray(x, dtype=dt)
+        out = np.empty(out_shape, dt)
+        if len(ranges) == 1:
+            fn(x4, w, bias, params, 0, channels, out)
+        else:
+            parallel_for(len(ranges), lambda i: fn(x4, w, bias, params, ranges[i][0],
+                                                   ranges[i][1], out))
+        return out
+
+    run.variant = f"conv.depthwise_{kind}_numba"
+    return run
