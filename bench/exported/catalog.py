@@ -35,6 +35,7 @@ def batches(sizes: tuple[int, ...] = (1, 4), **dims: int) -> tuple[dict[str, Any
     return tuple({"label": f"b{b}", "dims": {"batch": b, **dims}} for b in sizes)
 
 
+_BN = {"batchnorm": "calibrated"}  # see models.calibrate_batchnorm
 _EAGER = "attn_implementation='eager' (the sdpa path does not trace)"
 BERT_SMALL = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
               "intermediate_size": 512}
@@ -60,14 +61,15 @@ def _both(name: str, family: str, size: str, builder: str, config: dict[str, Any
 
 TS = ("torchscript",)
 SPECS: list[Spec] = [
-    *_both("resnet18", "resnet18", "base", "tv_classifier", {"arch": "resnet18"}, IMAGE),
+    *_both("resnet18", "resnet18", "base", "tv_classifier", {"arch": "resnet18", **_BN},
+           IMAGE),
     *_both("mobilenetv3-large", "mobilenetv3", "large", "tv_classifier",
-           {"arch": "mobilenet_v3_large"}, IMAGE),
+           {"arch": "mobilenet_v3_large", **_BN}, IMAGE),
     *_both("mobilenetv3-small", "mobilenetv3", "small", "tv_classifier",
-           {"arch": "mobilenet_v3_small"}, IMAGE, quick=True, exporters=TS),
+           {"arch": "mobilenet_v3_small", **_BN}, IMAGE, quick=True, exporters=TS),
     *_both("efficientnet-b0", "efficientnet", "b0", "tv_classifier",
-           {"arch": "efficientnet_b0"}, IMAGE, exporters=TS),
-    *_both("ssdlite320", "detector", "mobilenetv3-large", "tv_ssdlite", {},
+           {"arch": "efficientnet_b0", **_BN}, IMAGE, exporters=TS),
+    *_both("ssdlite320", "detector", "mobilenetv3-large", "tv_ssdlite", _BN,
            batches((1,)), notes="fixed batch 1: torchvision's detection transform loops "
            "over a list of images"),
     *_both("bert-small", "bert", "small", "bert", BERT_SMALL, TEXT, quick=True, notes=_EAGER),
@@ -87,8 +89,8 @@ SPECS: list[Spec] = [
            notes=_EAGER, exporters=TS),
     *_both("t5-default-encoder", "t5", "default", "t5_encoder", {}, TEXT, notes=_EAGER),
     *_both("t5-default-decoder", "t5", "default", "t5_decoder", {}, T5_DECODE, notes=_EAGER),
-    *_both("whisper-tiny-encoder", "whisper", "tiny", "whisper_encoder", {}, batches((1, 4)),
-           notes=_EAGER),
+    *_both("whisper-tiny-encoder", "whisper", "tiny", "whisper_encoder", {}, batches((1,)),
+           notes=_EAGER + "; timed at batch 1 only (batch 4 takes ~10 s a round here)"),
     *_both("vit-small", "vit", "small", "vit", VIT_SMALL, IMAGE, quick=True, notes=_EAGER),
     *_both("vit-base", "vit", "base", "vit", {}, IMAGE, notes=_EAGER, exporters=TS),
     *_both("lstm-tagger", "rnn", "small", "rnn_tagger", {"cell": "LSTM"}, batches(seq=64),

@@ -52,12 +52,34 @@ def _params(module: nn.Module) -> int:
 # --- torchvision ----------------------------------------------------------------------------
 
 
+def calibrate_batchnorm(model: nn.Module, image: int, batch: int = 8) -> nn.Module:
+    """Set every BatchNorm's running statistics from one seeded random batch (then eval).
+
+    Freshly initialized statistics (mean 0, var 1) let activations shrink layer by layer:
+    random-weight MobileNetV3 and EfficientNet logits come out near 1e-15, which makes the
+    output comparison meaningless. Calibrated, each layer sees unit-scale inputs, as in a
+    trained network.
+    """
+    model.eval()
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average: one batch sets the statistics
+        m.train()
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        images = torch.randn(batch, 3, image, image, generator=g)
+        model(list(images) if hasattr(model, "postprocess_detections") else images)
+    return model.eval()
+
+
 def tv_classifier(config: dict[str, Any]) -> Exportable:
-    """A torchvision ImageNet classifier, 224x224, random weights."""
+    """A torchvision ImageNet classifier, 224x224, random weights, calibrated BatchNorm."""
     import torchvision
 
     torch.manual_seed(SEED)
-    model = getattr(torchvision.models, config["arch"])(weights=None).eval()
+    model = getattr(torchvision.models, config["arch"])(weights=None)
+    model = calibrate_batchnorm(model, 224)
     return Exportable(model, [_tensor("images", ["batch", 3, 224, 224])], ["logits"],
                       {**config, "image": 224, "params": _params(model)})
 
@@ -76,12 +98,14 @@ class _Detector(nn.Module):
 
 
 def tv_ssdlite(config: dict[str, Any]) -> Exportable:
-    """SSDlite 320 with a MobileNetV3-Large backbone (91 COCO classes), random weights."""
+    """SSDlite 320 with a MobileNetV3-Large backbone (91 COCO classes), random weights,
+    calibrated BatchNorm."""
     import torchvision
 
     torch.manual_seed(SEED)
     model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
-        weights=None, weights_backbone=None).eval()
+        weights=None, weights_backbone=None)
+    model = calibrate_batchnorm(model, 320, batch=2)
     return Exportable(_Detector(model).eval(), [_tensor("images", [1, 3, 320, 320])],
                       ["boxes", "scores", "labels"],
                       {"arch": "ssdlite320_mobilenet_v3_large", "image": 320,

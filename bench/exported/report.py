@@ -36,6 +36,7 @@ def _diff(row: dict[str, Any]) -> str:
     if d["mismatch"]:
         return "MISMATCH"
     text = "inf" if math.isinf(d["max_abs_diff"]) else f"{d['max_abs_diff']:.1e}"
+    text += f" / {d['ort_max_abs']:.2g}"
     return text if d["ok"] else f"{text} (!)"
 
 
@@ -77,7 +78,7 @@ def format_rows(results: dict[str, Any], markdown: bool = False) -> str:
     head = ["model", "exporter", "batch", "nodes -> kiln"]
     for n in threads:
         head += [f"kiln ms {n}t", f"ort ms {n}t", f"kiln/ort {n}t"]
-    head += ["max abs diff", "others' cores"]
+    head += ["max abs diff / max abs out", "others' cores"]
     rows = []
     for r in results["rows"]:
         cells = [r["model"], r["exporter"], r["run"],
@@ -184,7 +185,7 @@ def render(results: dict[str, Any], markdown: bool = True, head: bool = True) ->
         lines.append(f"- {name}: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
     for f in results.get("failed_exports", []):
         lines.append(f"- did not export: {f['name']} ({f['exporter']}): "
-                     f"{f['error'].splitlines()[0][:300]}")
+                     + " ".join(f["error"].splitlines()[-1:])[:400])
     if results.get("creation"):
         lines += ["", format_creation(results, markdown)]
     if results.get("contention"):
