@@ -40,6 +40,7 @@ _MAX_ELEMENTS = 64
 def fold_shapes(ctx: Context) -> bool:
     """Fold shape computations whose every element is statically known."""
     changed = False
+    memo: dict = {}  # one per sweep: folding replaces values by equal constants only
     for graph in ctx.graphs():
         for node in nodes_of(graph, *_SHAPE_OPS):
             if node.graph is not graph or len(node.outputs) != 1:
@@ -47,7 +48,7 @@ def fold_shapes(ctx: Context) -> bool:
             out = node.outputs[0]
             if not (out.uses() or out.is_graph_output()):
                 continue
-            array = _static_value(ctx, node)
+            array = _static_value(ctx, node, memo)
             if array is None:
                 continue
             to_initializer(ctx, graph, out, array)
@@ -57,7 +58,7 @@ def fold_shapes(ctx: Context) -> bool:
     return changed
 
 
-def _static_value(ctx: Context, node: ir.Node) -> np.ndarray | None:
+def _static_value(ctx: Context, node: ir.Node, memo: dict) -> np.ndarray | None:
     if is_onnx(node, "Size"):
         x = node.inputs[0]
         if x is None or x.shape is None or not all(isinstance(d, int) for d in x.shape):
@@ -65,7 +66,7 @@ def _static_value(ctx: Context, node: ir.Node) -> np.ndarray | None:
         return np.array(math.prod(x.shape), np.int64)
     if not is_onnx(node, "Shape", "Gather", "Slice", "Unsqueeze", "Concat"):
         return None
-    traced = _trace(ctx, node.outputs[0], {})
+    traced = _trace(ctx, node.outputs[0], memo)
     if traced is None or not all(isinstance(d, int) for d in traced[0]):
         return None
     dims, scalar = traced
@@ -73,13 +74,14 @@ def _static_value(ctx: Context, node: ir.Node) -> np.ndarray | None:
 
 
 def _trace(ctx: Context, value: ir.Value | None, memo: dict) -> tuple[list[Dim], bool] | None:
-    """(elements, is 0-d) of an int64 shape value, or None when it cannot be traced."""
+    """(elements, is 0-d) of an int64 shape value, or None when it cannot be traced. `memo`
+    maps id(value) to (value, result): it holds the value, so the id is never reused."""
     if value is None:
         return None
     key = id(value)
     if key not in memo:
-        memo[key] = _trace_uncached(ctx, value, memo)
-    return memo[key]
+        memo[key] = (value, _trace_uncached(ctx, value, memo))
+    return memo[key][1]
 
 
 def _trace_uncached(ctx, value, memo):
@@ -149,6 +151,7 @@ def _pick(ctx: Context, node: ir.Node, memo: dict) -> tuple[list[Dim], bool] | N
 def fold_reshape_targets(ctx: Context) -> bool:
     """Turn Reshape targets built from the input's own symbolic dims into constants."""
     changed = False
+    memo: dict = {}  # one per sweep: this pass changes no traced value
     for graph in ctx.graphs():
         for node in nodes_of(graph, "Reshape"):
             if node.graph is not graph or not is_onnx(node, "Reshape") or \
@@ -157,7 +160,7 @@ def fold_reshape_targets(ctx: Context) -> bool:
             x, target = node.inputs
             if x is None or x.shape is None or const_array(target) is not None:
                 continue
-            traced = _trace(ctx, target, {})
+            traced = _trace(ctx, target, memo)
             if traced is None or traced[1]:
                 continue
             dims = [_as_copy(d, i, x) for i, d in enumerate(traced[0])]
