@@ -184,3 +184,28 @@ def test_split_matmul_matches_the_single_call_bit_for_bit():
     finally:
         run_leave(previous)
     np.testing.assert_array_equal(y, a @ b)
+
+
+def test_a_pool_whose_workers_do_not_keep_up_runs_inline_for_a_while(monkeypatch):
+    """Busy cores (simulated: the worker sits in its chunk) make the pool back off to the
+    calling thread; once the backoff expires it splits again."""
+    monkeypatch.setattr(pool, "BACKOFF_MIN_S", 0.2)
+    p = IntraOpPool(2)
+    caller = threading.get_ident()
+    stall = threading.Event()
+
+    def slow_worker(i: int) -> None:
+        if threading.get_ident() != caller:
+            stall.wait(5)
+
+    threading.Timer(0.1, stall.set).start()
+    p.parallel_for(8, slow_worker)
+    assert p.stalls == 1 and p.dispatched == 1
+    where: list[int] = []
+    p.parallel_for(8, lambda i: where.append(threading.get_ident()))
+    assert set(where) == {caller} and p.inline == 1  # backing off: inline
+    time.sleep(0.25)
+    p.parallel_for(16, lambda i: (time.sleep(0.005), where.append(threading.get_ident())))
+    assert p.dispatched == 2 and len(set(where)) == 2  # split again, and the worker helped
+    assert p.stalls == 1
+    p.shutdown()

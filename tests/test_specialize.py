@@ -191,3 +191,48 @@ def test_specialised_and_generic_plans_agree_bit_for_bit(threads):
     x = np.random.default_rng(7).standard_normal((3, 7, 8)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(special.run({"x": x})[0], generic.run({"x": x})[0])
+
+
+def test_loop_bodies_get_specialised_plans_of_their_own():
+    """A Loop body run with the same shapes again folds its own shape arithmetic."""
+    body = helper.make_graph(
+        [helper.make_node("Shape", ["acc_in"], ["sh"]),
+         helper.make_node("Reshape", ["acc_in", "sh"], ["same"]),
+         helper.make_node("Add", ["same", "x"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, None)])
+    loop = helper.make_node("Loop", ["n", "", "acc0"], ["acc"], body=body)
+    model = make_model([loop], [tensor_info("n", np.int64, []),
+                                tensor_info("acc0", np.float32, ["a", "b"]),
+                                tensor_info("x", np.float32, ["a", "b"])],
+                       [tensor_info("acc", np.float32, ["a", "b"])], opset=13)
+    s = InferenceSession.from_graph(model)
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    feeds = {"n": np.array(5, np.int64), "acc0": np.zeros((2, 3), np.float32), "x": x}
+    oracle = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(s.run(feeds)[0], oracle.run(None, feeds)[0], rtol=1e-6)
+    bodies = _runners(s)
+    assert len(bodies) == 1
+    entry = next(iter(bodies[0]._entries.values()))
+    assert entry.compiled is not None and entry.folded == 1  # Shape folded per signature
+    np.testing.assert_allclose(s.run(feeds)[0], 5 * x, rtol=1e-6)
+
+
+def _runners(session):
+    from onnxkiln.subgraph import SubgraphRunner
+
+    found = []
+    for step in session._plan.steps:
+        closure = getattr(step.kernel, "__closure__", None) or ()
+        for cell in closure:
+            value = cell.cell_contents
+            if isinstance(value, SubgraphRunner):
+                found.append(value)
+            elif isinstance(value, dict):
+                found.extend(v for v in value.values() if isinstance(v, SubgraphRunner))
+    return found

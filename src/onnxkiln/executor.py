@@ -2,8 +2,8 @@
 kernels and constants bound as globals, a `del` after each value's last use. The
 hot path therefore does no dict lookups by name, no loop and no slot indexing.
 A second generated function wraps each step in hook calls (tracing, memory limits,
-cancellation); subgraph bodies take it when the run in progress on their thread is
-traced or cancellable.
+cancellation); subgraph bodies (onnxkiln.subgraph) take it when the run in progress on
+their thread is traced or cancellable.
 
 In-place: on the steps `memory.plan_donations` clears statically, the call passes the
 dying input's array as `out=` when a runtime guard holds: it is an ndarray of at least
@@ -35,26 +35,30 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.dtypes import DataType
 from onnxkiln.errors import KernelError, RunCancelledError, SessionError
 from onnxkiln.memory import plan_donations
 from onnxkiln.plan import Plan, Step
 from onnxkiln.sizes import SIZED_OPS
-from onnxkiln.trace import StepTracer, TraceContext, active_context, step_meta
+from onnxkiln.trace import StepTracer, TraceContext, step_meta
 
 __all__ = [
     "CancelHook",
     "CompiledPlan",
     "Guard",
     "HookPair",
-    "SubgraphRunner",
     "cancel_scope",
     "cancelled",
     "combine_hooks",
+    "current_cancel",
 ]
 
 _counter = itertools.count()
 _state = threading.local()  # .cancel: the cancel event of the run in progress on this thread
+
+
+def current_cancel() -> Any:
+    """The cancel event of the run in progress on this thread (None without one)."""
+    return getattr(_state, "cancel", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,68 +400,3 @@ class HookPair:
     def finish(self, tokens: tuple[Any, Any], ins: tuple, outs: tuple) -> None:
         self.first.finish(tokens[0], ins, outs)
         self.second.finish(tokens[1], ins, outs)
-
-
-class SubgraphRunner:
-    """A compiled If/Loop/Scan body: picks its captured values and counts builds and runs."""
-
-    def __init__(self, compiled: CompiledPlan, capture_index: tuple[int, ...], graph, label: str,
-                 stats) -> None:
-        self._compiled = compiled
-        self._index = capture_index
-        self._stats = stats
-        self._seen: set[tuple] = set()
-        self.label = label
-        self.input_names = tuple(v.name for v in graph.inputs)
-        self.output_names = tuple(v.name for v in graph.outputs)
-        self.output_dtypes = tuple(_declared_dtype(v) for v in graph.outputs)
-        self.output_shapes = tuple(_declared_shape(v) for v in graph.outputs)
-        self.output_may_alias = tuple(compiled.plan.output_may_alias)
-
-    def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
-        """Run the body on its formal inputs plus the captured outer values."""
-        if len(inputs) != len(self.input_names):  # a kernel error naming the calling node
-            raise ValueError(
-                f"subgraph '{self.label}' declares {len(self.input_names)} input(s) "
-                f"{list(self.input_names)} but its node passes {len(inputs)}"
-            )
-        signature = tuple(_signature(v) for v in inputs)
-        if signature not in self._seen:
-            self._seen.add(signature)
-            self._stats.builds += 1
-        self._stats.runs += 1
-        values = [*inputs, *(captured[i] for i in self._index)]
-        ctx = active_context()
-        cancel = getattr(_state, "cancel", None)
-        if cancel is None:
-            if ctx is None:
-                return self._compiled(values)
-            return self._compiled.traced(values, ctx, self.label)
-        if cancel.is_set():  # checked per body run: a Loop with an empty body still stops
-            raise cancelled(self.label)
-        hooks = CancelHook(cancel, self._compiled.plan, self.label)
-        if ctx is not None:
-            hooks = HookPair(hooks, self._compiled.tracer(ctx, self.label))
-        return self._compiled.hooked(values, hooks)
-
-
-def _declared_dtype(value) -> DataType | None:
-    try:
-        return DataType(value.dtype) if value.dtype is not None else None
-    except ValueError:
-        return None
-
-
-def _declared_shape(value) -> tuple[int | str | None, ...] | None:
-    if value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
-
-
-def _signature(value: Any) -> Any:
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return (getattr(value, "dtype", None), shape)
-    if isinstance(value, list):
-        return ("seq", len(value))
-    return type(value)

@@ -191,7 +191,8 @@ def _subgraphs(node: ir.Node, ctx: _Context, depth: int) -> tuple[dict[str, Any]
     for name, g in graphs.items():
         per_graph[name] = free_values(g)
         captured.extend(v for v in per_graph[name] if v not in captured)
-    from onnxkiln.executor import CompiledPlan, SubgraphRunner  # executor imports this module
+    from onnxkiln.executor import CompiledPlan  # executor imports this module
+    from onnxkiln.subgraph import SubgraphRunner
 
     runners = {}
     for name, g in graphs.items():

@@ -6,6 +6,12 @@ claims the remaining chunks itself and waits only for chunks already running. Id
 workers sleep on a lock (a futex), never spin. Chunks run numpy/BLAS calls or `nogil`
 numba kernels, which release the GIL, so the threads really run at once.
 
+When the workers do not keep up (the caller claims every chunk because no worker woke in
+time, or waits long for a chunk a descheduled worker holds), the cores are busy with other
+work; the pool then runs calls inline for a while (BACKOFF_MIN_S, doubling up to
+BACKOFF_MAX_S while it keeps happening) and tries again, so under contention a run costs
+what it costs on one thread instead of waiting on preempted workers.
+
 One pool per thread count is shared by every session of the process. A run enters it
 with `run_scope(threads)`; kernels call `parallel_for(n, fn)`, which runs `fn(i)` for
 `i in range(n)` on the pool of the run in progress on this thread, or inline when there
@@ -19,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from onnxkiln.threads import blas_enter, blas_leave
@@ -27,12 +34,17 @@ __all__ = ["IntraOpPool", "active_threads", "parallel_for", "pool_for", "run_ent
            "run_leave", "run_scope"]
 
 _local = threading.local()  # .pool: the pool of the run in progress on this thread
+BACKOFF_MIN_S = 0.02
+BACKOFF_MAX_S = 1.0
+STALL_SHARE = 0.3
+"""A dispatch counts as stalled when the caller waited for other threads' chunks longer
+than this share of its own working time, or no worker took part."""
 
 
 class _Job:
     """One parallel_for call: chunks 0..n-1 claimed through `claim`, counted by `finish`."""
 
-    __slots__ = ("claim", "done", "error", "finish", "fn", "n")
+    __slots__ = ("claim", "done", "error", "finish", "fn", "helped", "n")
 
     def __init__(self, fn: Callable[[int], object], n: int) -> None:
         self.fn = fn
@@ -42,14 +54,17 @@ class _Job:
         self.done = threading.Lock()
         self.done.acquire()  # released by whoever finishes the last chunk
         self.error: BaseException | None = None
+        self.helped = False  # a worker claimed at least one chunk
 
 
-def _work(job: _Job) -> None:
+def _work(job: _Job, worker: bool = False) -> None:
     claim, n, fn = job.claim, job.n, job.fn
     while True:
         i = claim()
         if i >= n:
             return
+        if worker:
+            job.helped = True
         try:
             fn(i)
         except BaseException as e:  # re-raised in the caller
@@ -75,7 +90,7 @@ class _Worker:
             job = pool.job
             if job is None:  # the pool was shut down
                 return
-            _work(job)
+            _work(job, worker=True)
 
 
 class IntraOpPool:
@@ -89,12 +104,16 @@ class IntraOpPool:
         self._workers: list[_Worker] = []
         self._busy = threading.Lock()  # held by the one run dispatching on this pool
         self.dispatched = 0  # parallel_for calls that used the workers (for tests and traces)
-        self.inline = 0  # calls run inline because the pool was busy
+        self.inline = 0  # calls run inline because the pool was busy or backing off
+        self.stalls = 0  # dispatches where the workers did not keep up
+        self._resume_at = 0.0  # perf_counter() before which calls run inline (backing off)
+        self._backoff = BACKOFF_MIN_S
 
     def parallel_for(self, n: int, fn: Callable[[int], object]) -> None:
         """Run fn(i) for every i in range(n), split across the pool; re-raises a chunk's
         exception after every chunk has finished."""
-        if n <= 1 or self.threads == 1 or not self._busy.acquire(blocking=False):
+        if (n <= 1 or self.threads == 1 or (self._resume_at and _now() < self._resume_at)
+                or not self._busy.acquire(blocking=False)):
             if n > 1 and self.threads > 1:
                 self.inline += 1
             for i in range(n):
@@ -104,16 +123,30 @@ class IntraOpPool:
             if not self._workers:
                 self._workers = [_Worker(self, i) for i in range(self.threads - 1)]
             job = self.job = _Job(fn, n)
+            start = _now()
             for worker in self._workers[: n - 1]:
                 if worker.wake.locked():  # else a wake is still pending: it will see this job
                     worker.wake.release()
             _work(job)
+            mine = _now()
             job.done.acquire()  # chunks other threads claimed
+            self._observe(job.helped, start, mine, _now())
             self.dispatched += 1
         finally:
             self._busy.release()
         if job.error is not None:
             raise job.error
+
+    def _observe(self, helped: bool, start: float, mine: float, end: float) -> None:
+        """Back off (run inline for a while) after a dispatch the workers did not keep up
+        with; a good one resets the backoff."""
+        if helped and end - mine <= STALL_SHARE * (mine - start):
+            self._backoff = BACKOFF_MIN_S
+            self._resume_at = 0.0
+            return
+        self.stalls += 1
+        self._resume_at = end + self._backoff
+        self._backoff = min(2 * self._backoff, BACKOFF_MAX_S)
 
     def shutdown(self) -> None:
         """Stop the workers (they are daemons; this is for forks and tests)."""
@@ -127,6 +160,7 @@ class IntraOpPool:
                 worker.thread.join(timeout=5)
 
 
+_now = time.perf_counter
 _pools: dict[int, IntraOpPool] = {}
 _pools_lock = threading.Lock()
 

@@ -1,0 +1,110 @@
+"""Compiled If/Loop/Scan bodies: the body plan, its captured outer values, its counters,
+and per-signature specialised plans (onnxkiln.specialize) as for the main graph: a Loop
+body run with the same input shapes a second time gets its own specialised plan."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from onnxkiln.dtypes import DataType
+from onnxkiln.executor import CancelHook, CompiledPlan, HookPair, cancelled, current_cancel
+from onnxkiln.specialize import PlanSpecializer, Specialization
+from onnxkiln.trace import active_context
+
+__all__ = ["SubgraphRunner"]
+
+MAX_SIGNATURES = 64  # specialisations kept per body (the oldest goes first)
+
+
+class SubgraphRunner:
+    """A compiled If/Loop/Scan body: picks its captured values and counts builds and runs."""
+
+    def __init__(self, compiled: CompiledPlan, capture_index: tuple[int, ...], graph, label: str,
+                 stats) -> None:
+        self._compiled = compiled
+        self._specializer = PlanSpecializer(compiled, graph)
+        self._entries: dict[tuple, Specialization] = {}
+        self._index = capture_index
+        self._stats = stats
+        self._seen: set[tuple] = set()
+        self.label = label
+        self.input_names = tuple(v.name for v in graph.inputs)
+        self.output_names = tuple(v.name for v in graph.outputs)
+        self.output_dtypes = tuple(_declared_dtype(v) for v in graph.outputs)
+        self.output_shapes = tuple(_declared_shape(v) for v in graph.outputs)
+        self.output_may_alias = tuple(compiled.plan.output_may_alias)
+
+    def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
+        """Run the body on its formal inputs plus the captured outer values."""
+        if len(inputs) != len(self.input_names):  # a kernel error naming the calling node
+            raise ValueError(
+                f"subgraph '{self.label}' declares {len(self.input_names)} input(s) "
+                f"{list(self.input_names)} but its node passes {len(inputs)}"
+            )
+        values = [*inputs, *(captured[i] for i in self._index)]
+        signature = tuple(_signature(v) for v in values)
+        if signature[:len(inputs)] not in self._seen:
+            self._seen.add(signature[:len(inputs)])
+            self._stats.builds += 1
+        self._stats.runs += 1
+        ctx = active_context()
+        cancel = current_cancel()
+        if cancel is None:
+            if ctx is None:
+                return self._run(values, signature)
+            return self._compiled.traced(values, ctx, self.label)
+        if cancel.is_set():  # checked per body run: a Loop with an empty body still stops
+            raise cancelled(self.label)
+        hooks = CancelHook(cancel, self._compiled.plan, self.label)
+        if ctx is not None:
+            hooks = HookPair(hooks, self._compiled.tracer(ctx, self.label))
+        return self._compiled.hooked(values, hooks)
+
+
+    def _run(self, values: list[Any], signature: tuple) -> list[Any]:
+        """The body's specialised plan for this signature once it has one (built on the
+        signature's second run), else the generic plan."""
+        entry = self._entries.get(signature)
+        if entry is None:
+            if len(self._entries) >= MAX_SIGNATURES:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[signature] = Specialization(signature)
+            return self._compiled(values)
+        compiled = entry.compiled
+        if compiled is not None:
+            outputs = compiled(values)
+            for i, copy in enumerate(entry.copy_outputs):  # folded constants among them
+                if copy and not self.output_may_alias[i] and isinstance(outputs[i], np.ndarray):
+                    outputs[i] = outputs[i].copy()
+            return outputs
+        if entry.building:
+            return self._compiled(values)
+        entry.building = True
+        outputs, recorder = self._specializer.record(values)
+        self._specializer.build(recorder, entry)
+        return outputs
+
+
+def _declared_dtype(value) -> DataType | None:
+    try:
+        return DataType(value.dtype) if value.dtype is not None else None
+    except ValueError:
+        return None
+
+
+def _declared_shape(value) -> tuple[int | str | None, ...] | None:
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def _signature(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return (getattr(value, "dtype", None), shape)
+    if isinstance(value, list):
+        return ("seq", len(value))
+    return type(value)
