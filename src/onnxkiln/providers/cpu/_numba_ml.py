@@ -16,7 +16,7 @@ import numpy as np
 
 # post-transform codes (ml_common.POST_TRANSFORMS order)
 NONE, SOFTMAX, LOGISTIC, SOFTMAX_ZERO, PROBIT = range(5)
-# tree_finish's int parameters
+# ml_finish's int parameters
 MODE, POST, HAS, H0, H1, NBASE, ONE_POSITIVE = range(7)
 REGRESS, MULTI, BINARY = range(3)
 
@@ -157,7 +157,7 @@ def _binary(out, has, fi, fb, z, lab, r):
         post_row(z, r, fi[POST])
 
 
-def tree_finish(out, has, fi, fb, z, lab):
+def ml_finish(out, has, fi, fb, z, lab):
     """Scores [N, K] (and which targets scored, when fi[HAS]) -> float32 z [N, K] and, for
     classifiers, the label index lab [N]: a regressor's post-transform, a multi-class
     argmax and post-transform, or onnxruntime's binary rules with base values fb."""
@@ -172,3 +172,80 @@ def tree_finish(out, has, fi, fb, z, lab):
         for j in range(out.shape[1]):
             z[r, j] = out[r, j]
         post_row(z, r, fi[POST])
+
+
+# ------------------------------------------------------------------------------ SVM
+
+_R_LO, _R_HI = np.float32(1e-7), np.float32(1 - 1e-7)
+_EPS = np.float32(0.005)
+
+
+@_jit
+def _coupling(r, q, p, qp):
+    """libsvm's pairwise coupling of one sample (float32, up to 100 iterations): class
+    probabilities p [K] from pairwise probabilities r [K, K]; q, qp are scratch."""
+    k = p.shape[0]
+    for i in range(k):
+        d = _F0
+        for j in range(k):
+            d += r[j, i] * r[j, i]
+            q[i, j] = -(r[j, i] * r[i, j])
+        q[i, i] = d - r[i, i] * r[i, i]
+    for i in range(k):
+        p[i] = np.float32(1.0 / k)
+    eps = _EPS / np.float32(k)
+    for _ in range(100):
+        pqp = _F0
+        for i in range(k):
+            acc = _F0
+            for j in range(k):
+                acc += q[i, j] * p[j]
+            qp[i] = acc
+            pqp += p[i] * acc
+        err = _F0
+        for i in range(k):
+            err = max(err, abs(qp[i] - pqp))
+        if not err >= eps:  # converged (a NaN stops too, as in the numpy version)
+            break
+        for t in range(k):
+            qtt = q[t, t]
+            diff = (-qp[t] + pqp) / qtt
+            p[t] += diff
+            one = _F1 + diff
+            pqp = (pqp + diff * (diff * qtt + _F2 * qp[t])) / one / one
+            for j in range(k):
+                qp[j] = (qp[j] + diff * q[t, j]) / one
+            for j in range(k):
+                p[j] = p[j] / one
+
+
+def svm_vote_proba(dec, pairs, ab, probs, best):
+    """One-vs-one SVC outputs from the decision values dec [N, P] of the class pairs
+    pairs [P, 2]: best [N] is the class with the most pairwise wins (the first on ties);
+    with ab = (prob_a[:P], prob_b[:P]) set, probs [N, K] are the pairwise-coupled
+    probabilities (Platt-scaled pairs clipped to [1e-7, 1 - 1e-7]). probs is [N, K] (the
+    class count) either way."""
+    n, n_pairs = dec.shape
+    k = probs.shape[1]
+    votes = np.zeros(k, np.int64)
+    r = np.zeros((k, k), np.float32)
+    q = np.empty((k, k), np.float32)
+    qp = np.empty(k, np.float32)
+    for s in range(n):
+        votes[:] = 0
+        for t in range(n_pairs):
+            votes[pairs[t, 0] if dec[s, t] > _F0 else pairs[t, 1]] += 1
+        top = 0
+        for c in range(1, k):
+            if votes[c] > votes[top]:
+                top = c
+        best[s] = top
+        if ab.shape[0] == 0:
+            continue
+        for t in range(n_pairs):
+            v = _F1 - logistic(dec[s, t] * ab[t] + ab[n_pairs + t])
+            if v == v:
+                v = min(max(v, _R_LO), _R_HI)
+            r[pairs[t, 0], pairs[t, 1]] = v
+            r[pairs[t, 1], pairs[t, 0]] = _F1 - v
+        _coupling(r, q, probs[s], qp)

@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._tensor_util import attr_str, attr_tensor
 
 __all__ = [
     "ML",
     "POST_TRANSFORMS",
+    "Finish",
     "as_features",
     "class_labels",
     "float_attr",
@@ -36,6 +38,7 @@ ML = "ai.onnx.ml"
 POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
 _SQRT2 = np.float32(1.41421356)
 _ERFINV_A = np.float32(0.147)
 _ERFINV_C = np.float32(2.0) / (np.float32(3.14159) * _ERFINV_A)
@@ -160,6 +163,94 @@ def transform_rows(scores: np.ndarray, name: str) -> np.ndarray:
     if name == "SOFTMAX_ZERO":
         return softmax_zero(v)
     return v
+
+
+def _finish_signature(dt: np.dtype):
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+
+    def ro(t, nd):
+        return types.Array(t, nd, "C", readonly=True)
+
+    return (ro(f, 2), ro(types.uint8, 2), ro(types.int32, 1), ro(types.float64, 1),
+            types.Array(types.float32, 2, "C"), types.Array(types.int64, 1, "C"))
+
+
+_numba.register("tree_finish", "onnxkiln.providers.cpu._numba_ml", _finish_signature,
+                (_F32, _F64))
+
+
+_numba.register("ml_finish", "onnxkiln.providers.cpu._numba_ml", _finish_signature,
+                (_F32, _F64))
+_REGRESS, _MULTI, _BINARY = range(3)  # _numba_ml.ml_finish modes
+_NO_HAS = np.zeros((0, 0), np.uint8)
+
+
+class Finish:
+    """Scores -> outputs for one node: a regressor's post-transformed scores in out_dtype
+    (a single target only takes PROBIT), a classifier's argmax labels (unscored classes
+    count as -inf) and post-transformed scores, or a tree ensemble's binary rules
+    (`binary`, an `ml_tree_rules.Binary`). In one numba call per batch
+    (`_numba_ml.ml_finish`, loaded on first use) where `prepare` gave a dtype, since the
+    numpy version's dozen small array operations dominate a one-row run; numpy otherwise."""
+
+    def __init__(self, post: str, labels: np.ndarray | None = None, binary: Any = None,
+                 out_dtype: np.dtype = _F32) -> None:
+        self.post, self.labels, self.binary, self.out_dtype = post, labels, binary, out_dtype
+        mode = _BINARY if binary else _MULTI if labels is not None else _REGRESS
+        self.mode = mode
+        rest, base = binary.params() if binary else ([-1, -1, 0, 0], np.zeros(2))
+        head = [mode, POST_TRANSFORMS.index(post)]
+        # fi[HAS]: whether the has-array holds per-row flags; one array for each case
+        self._fi = [np.asarray([*head, h, *rest], np.int32) for h in (0, 1)]
+        self._fb = base
+        self._fns: dict[np.dtype, Any] = {}
+        self.fast_used = False  # whether the last call ran in numba
+        self.reason: str | None = _numba.disabled_reason()  # why not, when it did not
+
+    def variant(self, op: str) -> str:
+        """The trace variant name of the last call."""
+        return f"{op.lower()}.{'numba' if self.fast_used else 'numpy'}"
+
+    def prepare(self, dtype: np.dtype, fast: bool = True) -> None:
+        """Take the numba kernel for scores of `dtype` (loaded on first use) when `fast`
+        (the caller's own path is numba) and numba is on."""
+        if fast and dtype not in self._fns:
+            handle = _numba.lazy("ml_finish", dtype)
+            if handle is not None:
+                self._fns[dtype] = handle
+
+    def __call__(self, scores: np.ndarray, has: np.ndarray | None):
+        if self.mode == _REGRESS and (self.post == "NONE" or (
+                scores.shape[1] == 1 and self.post != "PROBIT")):
+            return scores.astype(self.out_dtype, copy=False)  # nothing to transform
+        handle = self._fns.get(scores.dtype)
+        if handle is None or not handle.ready():
+            self.fast_used = False
+            if handle is not None:
+                self.reason = handle.reason
+            return self._numpy(scores, has)
+        self.fast_used = True
+        fn = handle.fn
+        n, k = scores.shape
+        z = np.empty((n, k), _F32)
+        lab = np.empty(n, _I64)
+        fn(scores, _NO_HAS if has is None else has.view(np.uint8),
+           self._fi[has is not None], self._fb, z, lab)
+        if self.mode == _REGRESS:
+            return z.astype(self.out_dtype, copy=False)
+        return (self.binary.pair if self.binary else self.labels)[lab], z
+
+    def _numpy(self, scores: np.ndarray, has: np.ndarray | None):
+        if self.binary:
+            return self.binary(scores, has)
+        if self.mode == _REGRESS:
+            return transform_rows(scores, self.post).astype(self.out_dtype, copy=False)
+        best = scores.argmax(axis=1) if has is None else \
+            np.where(has, scores, -np.inf).argmax(axis=1)
+        z = scores.astype(_F32, copy=False)
+        return self.labels[best], z if self.post == "NONE" else transform_rows(z, self.post)
 
 
 def update_scores(scores: np.ndarray, name: str) -> np.ndarray:

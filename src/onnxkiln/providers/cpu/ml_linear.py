@@ -6,21 +6,35 @@ from __future__ import annotations
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu.ml_common import (
     ML,
+    Finish,
     as_features,
     class_labels,
     logistic,
     post_transform,
     probit,
-    transform_rows,
     update_scores,
 )
 from onnxkiln.providers.cpu.registry import kernel
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
+
+
+def _vote_signature(dt: np.dtype):
+    from numba import types
+
+    def ro(t, nd):
+        return types.Array(t, nd, "C", readonly=True)
+
+    return (ro(types.float32, 2), ro(types.int32, 2), ro(types.float32, 1),
+            types.Array(types.float32, 2, "C"), types.Array(types.int64, 1, "C"))
+
+
+_numba.register("svm_vote_proba", "onnxkiln.providers.cpu._numba_ml", _vote_signature, (_F32,))
 
 
 def _features(x: np.ndarray, op: str, dtype: np.dtype = _F64) -> np.ndarray:
@@ -86,6 +100,8 @@ def linear_classifier(info: NodeInfo):
         raise ValueError(f"{op}: {n_classes} coefficient rows but {labels.size} class labels")
     w = _weights(coef, len(coef) // n_classes, op, dtype=_F32).T.copy()
     b = np.asarray(intercepts or [0.0] * n_classes, dtype=_F32)
+    finish = Finish(post, labels)  # argmax and post-transform, in numba when it is on
+    finish.prepare(_F32)
 
     def run(x):
         v = _features(x, op, _F32)
@@ -94,8 +110,9 @@ def linear_classifier(info: NodeInfo):
         scores = v @ w
         scores += b
         if n_classes > 1:
-            y = labels[scores.argmax(axis=1)]
-            return y, transform_rows(scores, post) if post != "NONE" else scores
+            out = finish(scores, None)
+            run.variant, run.variant_reason = finish.variant(op), finish.reason
+            return out
         s = scores[:, 0]
         y = np.where(s > 0, labels[1], labels[0])
         return y.astype(object) if strings else y, _binary_pair(s, post)
@@ -134,6 +151,8 @@ def linear_regressor(info: NodeInfo):
     b = np.asarray(intercepts or [0.0] * targets, dtype=_F32)
     w = w.T.copy()
     post = post_transform(a.get("post_transform"), op)
+    finish = Finish(post)  # the post-transform, in numba when it is on
+    finish.prepare(_F32)
 
     def run(x):
         v = _features(x, op, _F32)
@@ -141,7 +160,9 @@ def linear_regressor(info: NodeInfo):
             raise ValueError(f"{op}: X has {v.shape[1]} features, the model expects {w.shape[0]}")
         scores = v @ w
         scores += b
-        return update_scores(scores, post) if post != "NONE" else scores
+        out = finish(scores, None)
+        run.variant, run.variant_reason = finish.variant(op), finish.reason
+        return out
 
     return run
 
@@ -150,9 +171,10 @@ def linear_regressor(info: NodeInfo):
 
 
 class _SvmKernel:
-    """The kernel function K(X, V) of an SVM: LINEAR, POLY, RBF or SIGMOID."""
+    """The kernel function K(X, V) of an SVM: LINEAR, POLY, RBF or SIGMOID, against the
+    support vectors V [M, F] (their squared norms for RBF computed once, here)."""
 
-    def __init__(self, info: NodeInfo, op: str) -> None:
+    def __init__(self, info: NodeInfo, op: str, sv: np.ndarray) -> None:
         self.kind = attr_str(info.attrs.get("kernel_type", "LINEAR"))
         if self.kind not in ("LINEAR", "POLY", "RBF", "SIGMOID"):
             raise ValueError(f"{op}: kernel_type {self.kind!r} is not LINEAR/POLY/RBF/SIGMOID")
@@ -161,14 +183,17 @@ class _SvmKernel:
             raise ValueError(f"{op}: kernel_params needs 3 values (gamma, coef0, degree)")
         g, c, d = (np.float32(p) for p in (params[:3] if params else (0.0, 0.0, 0.0)))
         self.gamma, self.coef0, self.degree = float(g), float(c), float(d)
+        self.sv_t = np.ascontiguousarray(sv.T)
+        self.sv_norms = (sv * sv).sum(axis=1)[None, :]
 
-    def __call__(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """[N, F] x [M, F] -> [N, M] float64."""
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """[N, F] -> [N, M] float64."""
         if self.kind == "RBF":
-            d2 = (x * x).sum(axis=1)[:, None] + (v * v).sum(axis=1)[None, :] - 2.0 * (x @ v.T)
+            d2 = (x * x).sum(axis=1)[:, None] + self.sv_norms - 2.0 * (x @ self.sv_t)
             np.maximum(d2, 0.0, out=d2)
-            return np.exp(-self.gamma * d2)
-        k = x @ v.T
+            d2 *= -self.gamma
+            return np.exp(d2, out=d2)
+        k = x @ self.sv_t
         if self.kind == "LINEAR":
             return k
         k = self.gamma * k + self.coef0
@@ -212,6 +237,89 @@ def _multiclass_probability(r: np.ndarray) -> np.ndarray:
     return p
 
 
+class _OneVsOne:
+    """An SVC's decision values for every class pair, the vote winner and (with prob_a and
+    prob_b) libsvm's pairwise-coupled probabilities; the votes and the coupling run in
+    numba when it is on (`_numba_ml.svm_vote_proba`, loaded on first use), else in numpy."""
+
+    def __init__(self, info: NodeInfo, op: str, k: int, coef: np.ndarray, rho: np.ndarray,
+                 prob_a: np.ndarray, prob_b: np.ndarray, per_class: np.ndarray) -> None:
+        a = info.attrs
+        n_vectors = int(per_class.sum())
+        n_pairs = k * (k - 1) // 2
+        flat = a.get("support_vectors") or []
+        if not flat or len(flat) % n_vectors:
+            raise ValueError(f"{op}: {len(flat)} support_vectors values for {n_vectors} vectors")
+        sv = _weights(flat, len(flat) // n_vectors, op, "support_vectors")
+        self.kern = _SvmKernel(info, op, sv)
+        self.n_feat = sv.shape[1]
+        if per_class.size != k:
+            raise ValueError(
+                f"{op}: vectors_per_class has {per_class.size} entries for {k} classes"
+            )
+        if coef.size != (k - 1) * n_vectors:
+            raise ValueError(
+                f"{op}: {coef.size} coefficients; expected (classes - 1) * vectors = "
+                f"{(k - 1) * n_vectors}"
+            )
+        if rho.size < n_pairs:
+            raise ValueError(f"{op}: rho has {rho.size} values for {n_pairs} class pairs")
+        self.have_proba = prob_a.size > 0
+        if self.have_proba and prob_a.size < n_pairs:
+            raise ValueError(f"{op}: prob_a has {prob_a.size} values for {n_pairs} class pairs")
+        c = coef.reshape(k - 1, n_vectors)
+        start = np.concatenate([[0], np.cumsum(per_class)])
+        # decision p = sum_{v in i} c[j-1, v] K[v] + sum_{v in j} c[i, v] K[v] + rho[p]
+        self.pair_w = np.zeros((n_vectors, n_pairs))
+        self.pairs = np.empty((n_pairs, 2), dtype=np.int64)
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                si, sj = slice(start[i], start[i + 1]), slice(start[j], start[j + 1])
+                self.pair_w[si, p] = c[j - 1, si]
+                self.pair_w[sj, p] = c[i, sj]
+                self.pairs[p] = i, j
+                p += 1
+        self.pair_rho = rho[:n_pairs]
+        self.k, self.prob_a, self.prob_b = k, prob_a[:n_pairs], prob_b[:n_pairs]
+        ab = np.concatenate([self.prob_a, self.prob_b]) if self.have_proba else prob_a[:0]
+        self._ab = np.ascontiguousarray(ab, dtype=_F32)
+        self._pairs32 = self.pairs.astype(np.int32)
+        self.fast = _numba.lazy("svm_vote_proba", _F32)
+        self.reason = _numba.disabled_reason()
+
+    def decisions(self, v: np.ndarray) -> np.ndarray:
+        """[N, pairs] float32 decision values of float64 X [N, F]."""
+        return (self.kern(v) @ self.pair_w + self.pair_rho).astype(_F32)
+
+    def votes(self, dec: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(vote winner [N], class probabilities [N, K] or None without prob_a/prob_b)."""
+        if self.fast is not None and self.fast.ready():
+            n = dec.shape[0]
+            best = np.empty(n, np.int64)
+            probs = np.empty((n, self.k), _F32)  # its width is K, read or not
+            self.fast.fn(dec, self._pairs32, self._ab, probs, best)
+            return best, probs if self.have_proba else None
+        if self.fast is not None:
+            self.fast, self.reason = None, self.fast.reason
+        n = dec.shape[0]
+        winners = np.where(dec > 0, self.pairs[:, 0], self.pairs[:, 1])
+        votes = np.zeros((n, self.k), dtype=np.int64)
+        rows = np.arange(n)
+        for p in range(self.pairs.shape[0]):
+            votes[rows, winners[:, p]] += 1
+        maxclass = votes.argmax(axis=1)
+        if not self.have_proba:
+            return maxclass, None
+        val = np.float32(1.0) - logistic(dec * self.prob_a + self.prob_b)
+        val = np.clip(val, np.float32(1e-7), np.float32(1 - 1e-7))
+        r = np.zeros((n, self.k, self.k), dtype=_F32)
+        i, j = self.pairs[:, 0], self.pairs[:, 1]
+        r[:, i, j] = val
+        r[:, j, i] = np.float32(1.0) - val
+        return maxclass, _multiclass_probability(r)
+
+
 @kernel("SVMClassifier", since=1, domain=ML, factory=True, multi_output=True)
 def svm_classifier(info: NodeInfo):
     """One-vs-one SVC (support vectors) or linear SVM (coefficients only), with optional
@@ -231,65 +339,27 @@ def svm_classifier(info: NodeInfo):
     prob_b = np.asarray(a.get("prob_b") or [], dtype=_F32)
     if prob_a.size != prob_b.size:
         raise ValueError(f"{op}: prob_a has {prob_a.size} values but prob_b {prob_b.size}")
-    have_proba = prob_a.size > 0
     per_class = np.asarray(a.get("vectors_per_class") or [], dtype=np.int64)
-    n_vectors = int(per_class.sum())
     all_positive = bool((coef >= 0).all())
-    n_pairs = k * (k - 1) // 2
-    svc = n_vectors > 0
-    if svc:
-        kern = _SvmKernel(info, op)
-        flat = a.get("support_vectors") or []
-        if not flat or len(flat) % n_vectors:
-            raise ValueError(f"{op}: {len(flat)} support_vectors values for {n_vectors} vectors")
-        sv = _weights(flat, len(flat) // n_vectors, op, "support_vectors")
-        if per_class.size != k:
-            raise ValueError(
-                f"{op}: vectors_per_class has {per_class.size} entries for {k} classes"
-            )
-        if coef.size != (k - 1) * n_vectors:
-            raise ValueError(
-                f"{op}: {coef.size} coefficients; expected (classes - 1) * vectors = "
-                f"{(k - 1) * n_vectors}"
-            )
-        if rho.size < n_pairs:
-            raise ValueError(f"{op}: rho has {rho.size} values for {n_pairs} class pairs")
-        if have_proba and prob_a.size < n_pairs:
-            raise ValueError(f"{op}: prob_a has {prob_a.size} values for {n_pairs} class pairs")
-        c = coef.reshape(k - 1, n_vectors)
-        start = np.concatenate([[0], np.cumsum(per_class)])
-        # decision p = sum_{v in i} c[j-1, v] K[v] + sum_{v in j} c[i, v] K[v] + rho[p]
-        pair_w = np.zeros((n_vectors, n_pairs))
-        pair_i = np.empty(n_pairs, dtype=np.int64)
-        pair_j = np.empty(n_pairs, dtype=np.int64)
-        p = 0
-        for i in range(k):
-            for j in range(i + 1, k):
-                si, sj = slice(start[i], start[i + 1]), slice(start[j], start[j + 1])
-                pair_w[si, p] = c[j - 1, si]
-                pair_w[sj, p] = c[i, sj]
-                pair_i[p], pair_j[p] = i, j
-                p += 1
-        pair_rho = rho[:n_pairs]
-        n_feat = sv.shape[1]
-    else:
+    binary = k * (k - 1) // 2 == 1
+    svc = _OneVsOne(info, op, k, coef, rho, prob_a, prob_b, per_class) \
+        if per_class.sum() > 0 else None
+    if svc is None:
         if coef.size % k:
             raise ValueError(f"{op}: {coef.size} coefficients for {k} classes")
         w = coef.reshape(k, -1)
-        n_feat = w.shape[1]
         b0 = float(rho[0]) if rho.size else 0.0
+    n_feat = svc.n_feat if svc else w.shape[1]
 
-    def label_from(maxclass: np.ndarray, max_weight: np.ndarray) -> np.ndarray:
-        """SVC passes the vote winner and weight 0; linear SVMs the top score."""
-        if n_pairs != 1:
+    def label_from(maxclass: np.ndarray, max_weight: np.ndarray | None) -> np.ndarray:
+        """The label of the vote winner (SVC: onnxruntime passes it weight 0, which never
+        flips a binary label) or, for linear SVMs, of the top score."""
+        if not binary:
             return _pick(labels, maxclass, op)
-        # binary: onnxruntime's rules on the top score
-        if have_proba:
+        if max_weight is None:
             return labels[maxclass]
-        if all_positive:
-            positive = max_weight >= 0.5
-        else:
-            positive = max_weight > 0
+        # binary: onnxruntime's rules on the top score
+        positive = max_weight >= 0.5 if all_positive else max_weight > 0
         out = labels[maxclass]
         out[positive] = labels[1]
         return out
@@ -298,27 +368,18 @@ def svm_classifier(info: NodeInfo):
         v = _features(x, op)
         if v.shape[1] != n_feat:
             raise ValueError(f"{op}: X has {v.shape[1]} features, the model expects {n_feat}")
-        n = v.shape[0]
-        if not svc:
+        if svc is None:
+            n = v.shape[0]
             scores = (v @ w.T + b0).astype(_F32)
-            maxclass = scores.argmax(axis=1) if k else np.zeros(n, np.int64)
+            maxclass = scores.argmax(axis=1)
             y = label_from(maxclass, scores[np.arange(n), maxclass])
             return y, update_scores(scores, post) if post != "NONE" else scores
-        dec = (kern(v, sv) @ pair_w + pair_rho).astype(_F32)
-        winners = np.where(dec > 0, pair_i, pair_j)
-        votes = np.zeros((n, k), dtype=np.int64)
-        rows = np.arange(n)
-        for p in range(n_pairs):
-            votes[rows, winners[:, p]] += 1
-        maxclass = votes.argmax(axis=1)
-        y = label_from(maxclass, np.zeros(n, _F32))
-        if have_proba:
-            val = np.float32(1.0) - logistic(dec * prob_a[:n_pairs] + prob_b[:n_pairs])
-            val = np.clip(val, np.float32(1e-7), np.float32(1 - 1e-7))
-            r = np.zeros((n, k, k), dtype=_F32)
-            r[:, pair_i, pair_j] = val
-            r[:, pair_j, pair_i] = np.float32(1.0) - val
-            probs = _multiclass_probability(r)
+        dec = svc.decisions(v)
+        maxclass, probs = svc.votes(dec)
+        run.variant = "svmclassifier.numba" if svc.fast else "svmclassifier.numpy"
+        run.variant_reason = svc.reason
+        y = label_from(maxclass, None)
+        if probs is not None:
             return y, update_scores(probs, post) if post != "NONE" else probs
         if k <= 2:
             return y, _svc_binary_pair(dec[:, 0], post)
@@ -356,11 +417,11 @@ def svm_regressor(info: NodeInfo):
     one_class = bool(a.get("one_class", 0))
     post_transform(a.get("post_transform"), op)  # validated; onnxruntime ignores it
     if n_sv > 0:
-        kern = _SvmKernel(info, op)
         flat = a.get("support_vectors") or []
         if len(flat) % n_sv:
             raise ValueError(f"{op}: {len(flat)} support_vectors values for {n_sv} vectors")
         sv = _weights(flat, len(flat) // n_sv, op, "support_vectors")
+        kern = _SvmKernel(info, op, sv)
         if coef.size != n_sv:
             raise ValueError(f"{op}: {coef.size} coefficients for {n_sv} support vectors")
         n_feat = sv.shape[1]
@@ -372,7 +433,7 @@ def svm_regressor(info: NodeInfo):
         if v.shape[1] != n_feat:
             raise ValueError(f"{op}: X has {v.shape[1]} features, the model expects {n_feat}")
         if n_sv > 0:
-            s = kern(v, sv) @ coef + rho[0]
+            s = kern(v) @ coef + rho[0]
         else:
             s = v @ coef + rho[0]
         scores = s.astype(_F32).reshape(-1, 1)

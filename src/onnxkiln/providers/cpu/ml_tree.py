@@ -16,6 +16,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._tensor_util import attr_str, attr_tensor
 from onnxkiln.providers.cpu.ml_common import (
     ML,
+    Finish,
     as_features,
     class_labels,
     float_attr,
@@ -23,7 +24,7 @@ from onnxkiln.providers.cpu.ml_common import (
     string_list,
 )
 from onnxkiln.providers.cpu.ml_forest import MODE_NAMES, Forest, leaf_table
-from onnxkiln.providers.cpu.ml_tree_rules import Binary, Finish
+from onnxkiln.providers.cpu.ml_tree_rules import Binary
 from onnxkiln.providers.cpu.registry import kernel
 
 _F32 = np.dtype(np.float32)
@@ -161,7 +162,7 @@ def tree_ensemble_regressor(info: NodeInfo):
     def forest(dt: np.dtype) -> Forest:
         if dt not in forests:
             forests[dt] = _legacy_forest(a, op, "target", k, aggregate, dt, base)[0]
-            finish.prepare(forests[dt])
+            finish.prepare(forests[dt].dtype, forests[dt].fast is not None)
         return forests[dt]
 
     forest(_F32)
@@ -201,7 +202,7 @@ def tree_ensemble_classifier(info: NodeInfo):
                 binary = Binary(a, labels, strings, base, bool((w >= 0).all()), post,
                                 forests[dt]) if k == 2 else None
                 finishes.append(Finish(post, labels, binary))
-            finishes[0].prepare(forests[dt])
+            finishes[0].prepare(forests[dt].dtype, forests[dt].fast is not None)
         return forests[dt]
 
     forest(_F32)
@@ -304,7 +305,7 @@ def tree_ensemble(info: NodeInfo):
         finish = finishes.get(x.dtype)
         if finish is None:  # the output is in X's type
             finish = finishes[x.dtype] = Finish(post, out_dtype=x.dtype)
-        finish.prepare(f)
+        finish.prepare(f.dtype, f.fast is not None)
         scores, _ = _scores(run, f, v)
         return finish(scores, None)
 

@@ -1,12 +1,5 @@
-"""onnxruntime's rules that turn tree-ensemble scores into outputs, numpy and numba.
-
-A regressor applies its post-transform (a single target only takes PROBIT); a multi-class
-classifier takes the argmax label (unscored classes count as -inf) and the post-transformed
-scores; a two-class classifier follows onnxruntime's binary rules (`Binary`). `Finish`
-runs them in one numba call per batch (`_numba_ml.tree_finish`) when the forest walks in
-numba, since the numpy version's dozen small array operations dominate a one-row run;
-the numpy version is the fallback and the reference.
-"""
+"""onnxruntime's binary rules for two-class tree ensembles (numpy; `ml_common.Finish`
+runs them in numba from `Binary.params`)."""
 
 from __future__ import annotations
 
@@ -15,9 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.ml_common import (
-    POST_TRANSFORMS,
     logistic,
     logistic_pair,
     probit,
@@ -25,29 +16,11 @@ from onnxkiln.providers.cpu.ml_common import (
 )
 from onnxkiln.providers.cpu.ml_forest import Forest
 
-__all__ = ["Binary", "Finish"]
+__all__ = ["Binary"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _I64 = np.dtype(np.int64)
-_REGRESS, _MULTI, _BINARY = range(3)  # _numba_ml.tree_finish modes
-_NO_HAS = np.zeros((0, 0), np.uint8)
-
-
-def _finish_signature(dt: np.dtype):
-    from numba import types
-
-    f = types.float32 if dt == _F32 else types.float64
-
-    def ro(t, nd):
-        return types.Array(t, nd, "C", readonly=True)
-
-    return (ro(f, 2), ro(types.uint8, 2), ro(types.int32, 1), ro(types.float64, 1),
-            types.Array(types.float32, 2, "C"), types.Array(types.int64, 1, "C"))
-
-
-_numba.register("tree_finish", "onnxkiln.providers.cpu._numba_ml", _finish_signature,
-                (_F32, _F64))
 
 
 class Binary:
@@ -133,54 +106,3 @@ def _one_score(s: np.ndarray, post: str, all_positive: bool) -> np.ndarray:
     else:
         out[:, 0], out[:, 1] = -s, s
     return out
-
-
-class Finish:
-    """Scores -> outputs for one node: `regress` (post-transformed scores in out_dtype),
-    `multi` (labels, scores) or `binary` (a `Binary`), in numba when the forest walked in
-    numba (the kernel loaded per compare dtype with the forest), else in numpy."""
-
-    def __init__(self, post: str, labels: np.ndarray | None = None,
-                 binary: Binary | None = None, out_dtype: np.dtype = _F32) -> None:
-        self.post, self.labels, self.binary, self.out_dtype = post, labels, binary, out_dtype
-        mode = _BINARY if binary else _MULTI if labels is not None else _REGRESS
-        self.mode = mode
-        rest, base = binary.params() if binary else ([-1, -1, 0, 0], np.zeros(2))
-        head = [mode, POST_TRANSFORMS.index(post)]
-        # fi[HAS]: whether the has-array holds per-row flags; one array for each case
-        self._fi = [np.asarray([*head, h, *rest], np.int32) for h in (0, 1)]
-        self._fb = base
-        self._fns: dict[np.dtype, Any] = {}
-
-    def prepare(self, forest: Forest) -> None:
-        """Take the numba kernel for the forest's dtype (loaded on first use) when the
-        forest itself walks in numba."""
-        if forest.fast is not None and forest.dtype not in self._fns:
-            self._fns[forest.dtype] = _numba.lazy("tree_finish", forest.dtype)
-
-    def __call__(self, scores: np.ndarray, has: np.ndarray | None):
-        if self.mode == _REGRESS and (self.post == "NONE" or (
-                scores.shape[1] == 1 and self.post != "PROBIT")):
-            return scores.astype(self.out_dtype, copy=False)  # nothing to transform
-        handle = self._fns.get(scores.dtype)
-        if handle is None or not handle.ready():
-            return self._numpy(scores, has)
-        fn = handle.fn
-        n, k = scores.shape
-        z = np.empty((n, k), _F32)
-        lab = np.empty(n, _I64)
-        fn(scores, _NO_HAS if has is None else has.view(np.uint8),
-           self._fi[has is not None], self._fb, z, lab)
-        if self.mode == _REGRESS:
-            return z.astype(self.out_dtype, copy=False)
-        return (self.binary.pair if self.binary else self.labels)[lab], z
-
-    def _numpy(self, scores: np.ndarray, has: np.ndarray | None):
-        if self.binary:
-            return self.binary(scores, has)
-        if self.mode == _REGRESS:
-            return transform_rows(scores, self.post).astype(self.out_dtype, copy=False)
-        best = scores.argmax(axis=1) if has is None else \
-            np.where(has, scores, -np.inf).argmax(axis=1)
-        z = scores.astype(_F32, copy=False)
-        return self.labels[best], z if self.post == "NONE" else transform_rows(z, self.post)

@@ -1,6 +1,7 @@
-"""Tree ensembles on both paths: the numba walk and finishing (ml_forest, _numba_tree,
-_numba_ml) and the numpy fallback, each against onnxruntime and against each other, over
-a grid of modes, aggregates, post-transforms, NaN routing, targets, base values, batches."""
+"""ai.onnx.ml kernels on both paths, numba and the numpy fallback, each against
+onnxruntime and against each other: tree ensembles (ml_forest, _numba_tree, _numba_ml) over
+a grid of modes, aggregates, post-transforms, NaN routing, targets, base values, batches;
+SVC votes and pairwise-coupled probabilities; linear models' argmax and post-transforms."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from onnx import numpy_helper
 from test_ml import (
     MODES,
     POSTS,
+    _labels,
+    _svc_attrs,
     gradient_boosting,
     ml_model,
     random_forest_classifier,
@@ -46,19 +49,20 @@ def traced(model, feeds):
 
 
 def both(monkeypatch, model, feeds, rtol=1e-5, atol=1e-6, ort=True, exact_numpy=False,
-         post="NONE"):
+         post="NONE", fast=True):
     """Run with numba on and off; each against onnxruntime (unless ort=False) and the two
     paths against each other: labels exactly, scores bit for bit (tree sums) or to 1e-6
     (exp and log differ in the last bit between numba and numpy; PROBIT's erfinv formula
-    amplifies that to ~1e-6, hence 1e-5 there)."""
-    fast, fast_variant, reason = traced(model, feeds)
-    assert fast_variant.endswith(".numba") and reason is None, (fast_variant, reason)
+    amplifies that to ~1e-6, hence 1e-5 there). `fast`: the numba path has work to do
+    (the trace names it)."""
+    outs, fast_variant, reason = traced(model, feeds)
+    assert fast_variant.endswith(".numba") == fast, (fast_variant, reason)
     monkeypatch.setattr(_numba, "ENABLED", False)
     slow, slow_variant, reason = traced(model, feeds)
     monkeypatch.setattr(_numba, "ENABLED", True)
     assert slow_variant.endswith(".numpy") and "ENABLED = False" in reason
     refs = run_ort(model, feeds) if ort else slow
-    for i, (a, b, r) in enumerate(zip(fast, slow, refs)):
+    for i, (a, b, r) in enumerate(zip(outs, slow, refs)):
         r = np.asarray(r)
         assert a.dtype == b.dtype and a.shape == b.shape == r.shape, (i, a.dtype, b.dtype)
         if a.dtype.kind not in "fc":
@@ -72,7 +76,7 @@ def both(monkeypatch, model, feeds, rtol=1e-5, atol=1e-6, ort=True, exact_numpy=
             close = 1e-5 if post == "PROBIT" else 1e-6
             np.testing.assert_allclose(a, b, rtol=close, atol=close / 10,
                                        err_msg=f"out {i} vs numpy")
-    return fast
+    return outs
 
 
 def regressor_attrs(rng, modes=("BRANCH_LEQ",), missing=False, n_targets=3, partial=True):
@@ -212,6 +216,43 @@ def test_int_input_and_double(numba_on, monkeypatch):
     reg = regressor_attrs(rng, tuple(MODES), missing=True)
     model = ml_model("TreeEnsembleRegressor", {"x": xd}, n_targets=3, **reg)
     both(monkeypatch, model, {"x": xd}, rtol=1e-5, atol=1e-5, exact_numpy=True)
+
+
+@pytest.mark.parametrize("kernel", ["LINEAR", "RBF", "POLY"])
+@pytest.mark.parametrize("k", [2, 3, 5])
+@pytest.mark.parametrize("proba", [False, True])
+@pytest.mark.parametrize("batch", [0, 1, 33])
+def test_svc_votes_and_probabilities(numba_on, monkeypatch, kernel, k, proba, batch):
+    rng = np.random.default_rng(40 + k)
+    x = rng.standard_normal((batch, 3)).astype(np.float32)
+    model = ml_model("SVMClassifier", {"x": x}, 2, ml=1, post_transform="NONE",
+                     **_svc_attrs(rng, k, 3, kernel, proba), **_labels(k, "int"))
+    both(monkeypatch, model, {"x": x}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("post", POSTS)
+@pytest.mark.parametrize("kind", ["int", "str"])
+@pytest.mark.parametrize("batch", [0, 1, 20])
+def test_linear_classifier(numba_on, monkeypatch, post, kind, batch):
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((batch, 4)).astype(np.float32)
+    x[1:2, 0] = np.nan  # a NaN row: argmax and the transforms must agree on it
+    model = ml_model("LinearClassifier", {"x": x}, 2, ml=1,
+                     coefficients=rng.standard_normal(12).round(2).tolist(),
+                     intercepts=[0.1, -0.2, 0.3], post_transform=post, **_labels(3, kind))
+    both(monkeypatch, model, {"x": x}, rtol=1e-4, atol=1e-5, post=post)
+
+
+@pytest.mark.parametrize("post", POSTS)
+@pytest.mark.parametrize("targets", [1, 3])
+def test_linear_regressor(numba_on, monkeypatch, post, targets):
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((17, 4)).astype(np.float32)
+    model = ml_model("LinearRegressor", {"x": x}, ml=1, targets=targets,
+                     coefficients=rng.random(4 * targets).tolist(),
+                     intercepts=rng.random(targets).tolist(), post_transform=post)
+    transformed = post != "NONE" and (targets > 1 or post == "PROBIT")
+    both(monkeypatch, model, {"x": x}, rtol=1e-4, atol=1e-5, post=post, fast=transformed)
 
 
 def test_cycle_falls_back_and_is_reported(numba_on):
