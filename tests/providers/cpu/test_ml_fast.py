@@ -1,7 +1,8 @@
 """ai.onnx.ml kernels on both paths, numba and the numpy fallback, each against
 onnxruntime and against each other: tree ensembles (ml_forest, _numba_tree, _numba_ml) over
 a grid of modes, aggregates, post-transforms, NaN routing, targets, base values, batches;
-SVC votes and pairwise-coupled probabilities; linear models' argmax and post-transforms."""
+SVC votes and pairwise-coupled probabilities; linear models' argmax and post-transforms;
+the Normalizer."""
 
 from __future__ import annotations
 
@@ -253,6 +254,23 @@ def test_linear_regressor(numba_on, monkeypatch, post, targets):
                      intercepts=rng.random(targets).tolist(), post_transform=post)
     transformed = post != "NONE" and (targets > 1 or post == "PROBIT")
     both(monkeypatch, model, {"x": x}, rtol=1e-4, atol=1e-5, post=post, fast=transformed)
+
+
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32])
+@pytest.mark.parametrize("shape", [(0, 4), (6,), (9, 5), (3, 0)])
+def test_normalizer(numba_on, monkeypatch, norm, dtype, shape):
+    rng = np.random.default_rng(43)
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    if len(shape) == 2 and shape[0] > 3 and shape[1]:
+        x[1] = 0  # a zero divisor: the row passes through
+        x[2, 0] = -abs(x[2, 0]) - 1  # a negative row max
+        if x.dtype.kind == "f":
+            x[3, 1] = np.nan
+    model = ml_model("Normalizer", {"x": x}, ml=1, norm=norm)
+    # onnxruntime rejects some of these shapes: the paths are compared with each other
+    ort = len(shape) == 2 and shape[0] > 0 and shape[1] > 0
+    both(monkeypatch, model, {"x": x}, ort=ort)
 
 
 def test_cycle_falls_back_and_is_reported(numba_on):

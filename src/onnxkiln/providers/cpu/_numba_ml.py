@@ -249,3 +249,38 @@ def svm_vote_proba(dec, pairs, ab, probs, best):
             r[pairs[t, 0], pairs[t, 1]] = v
             r[pairs[t, 1], pairs[t, 0]] = _F1 - v
         _coupling(r, q, probs[s], qp)
+
+
+# ------------------------------------------------------------------------------ Normalizer
+
+NORM_MAX, NORM_L1, NORM_L2 = range(3)
+
+
+def normalize_rows(v, norm, out):
+    """Normalizer over the rows of v [N, C] (arithmetic in v's dtype) into float32 out:
+    divide by the max of the row's non-NaN values (NaN when all are), the |v| sum, or for
+    L2 sign(v) sqrt(v^2 / sum v^2); a row whose divisor is 0 passes through."""
+    n, c = v.shape
+    for r in range(n):
+        d = v.dtype.type(0) if c == 0 else v[r, 0]
+        if norm == NORM_MAX:
+            for j in range(1, c):
+                x = v[r, j]
+                if d != d or x > d:  # np.fmax: NaN only loses to a number
+                    d = x
+        else:
+            d = v.dtype.type(0)
+            for j in range(c):
+                x = v[r, j]
+                d += abs(x) if norm == NORM_L1 else x * x
+        if d == 0:
+            for j in range(c):
+                out[r, j] = v[r, j]
+        elif norm == NORM_L2:
+            for j in range(c):
+                x = v[r, j]
+                q = math.sqrt(x * x / d)
+                out[r, j] = -q if x < 0 else q
+        else:
+            for j in range(c):
+                out[r, j] = v[r, j] / d
