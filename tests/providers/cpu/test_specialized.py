@@ -306,3 +306,31 @@ def test_conv_specialised_paths(c, h, k, s, g, n, d, threads, fused):
     variant = _variants(entry)[0]
     if g == c and g > 1:
         assert "depthwise" in variant and variant.endswith("_numba")
+
+
+def test_gather_nd_with_folded_indices_is_specialised():
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "step"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "ax"], ["idx"]),
+             helper.make_node("GatherND", ["x", "idx"], ["y"], batch_dims=1)]
+    inits = {"one": np.array(1, np.int64), "zero": np.array(0, np.int64),
+             "step": np.array(1, np.int64), "ax": np.array([-1], np.int64)}
+    model = make_model(nodes, [tensor_info("x", np.float32, [4, 4, 3])],
+                       [tensor_info("y", np.float32, [4, 3])], inits, opset=13)
+    x = RNG.standard_normal((4, 4, 3)).astype(np.float32)
+    entry = _check(model, {"x": x}, 1)
+    assert [st.op_type for st in entry.compiled.plan.steps] == ["GatherND"]
+    assert entry.kernels == 1
+
+
+def test_expand_and_split_specialised():
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]),
+             helper.make_node("Split", ["e", "parts"], ["a", "b"], axis=1)]
+    inits = {"shape": np.array([2, 5, 3], np.int64), "parts": np.array([2, 3], np.int64)}
+    model = make_model(nodes, [tensor_info("x", np.float32, [1, 5, 1])],
+                       [tensor_info("a", np.float32, [2, 2, 3]),
+                        tensor_info("b", np.float32, [2, 3, 3])], inits, opset=13)
+    x = RNG.standard_normal((1, 5, 1)).astype(np.float32)
+    entry = _check(model, {"x": x}, 1)
+    assert entry.kernels == 2

@@ -214,25 +214,38 @@ def gather_nd(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Gather slices addressed by the last axis of `indices`, after `batch_dims` (12+)."""
     b = info.attrs.get("batch_dims") or 0
 
-    def run(data: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        k = indices.shape[-1]
-        if indices.ndim < 1 or k > data.ndim - b or data.shape[:b] != indices.shape[:b]:
+    def plan(data_shape: tuple, indices: np.ndarray) -> tuple:
+        """(table shape, (batch index, flat index), output shape) of one gather."""
+        k = indices.shape[-1] if indices.ndim else 0
+        if indices.ndim < 1 or k > len(data_shape) - b or data_shape[:b] != indices.shape[:b]:
             raise ValueError(
                 f"GatherND: indices shape {list(indices.shape)} does not fit data shape "
-                f"{list(data.shape)} with batch_dims={b}"
+                f"{list(data_shape)} with batch_dims={b}"
             )
-        batch = data.shape[:b]
+        batch = data_shape[:b]
         mid = indices.shape[b:-1]
-        dims = data.shape[b : b + k]
-        rest = data.shape[b + k :]
+        dims = data_shape[b : b + k]
+        rest = data_shape[b + k :]
         n_batch = math.prod(batch)
         idx = _normalized_nd(indices, dims, "GatherND").reshape(n_batch, math.prod(mid), k)
         strides = np.array([math.prod(dims[j + 1 :]) for j in range(k)], dtype=_I64)
         flat = idx @ strides if k else np.zeros(idx.shape[:2], _I64)
-        table = data.reshape(n_batch, math.prod(dims), *rest)
-        out = table[np.arange(n_batch)[:, None], flat]
-        return out.reshape(*batch, *mid, *rest)
+        return ((n_batch, math.prod(dims), *rest), (np.arange(n_batch)[:, None], flat),
+                (*batch, *mid, *rest))
 
+    def run(data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        table, where, out_shape = plan(data.shape, indices)
+        return data.reshape(table)[where].reshape(out_shape)
+
+    def specialize(dtypes, shapes, consts):
+        """Indices the signature fixes (a mask gather of exported attention): checked and
+        flattened once."""
+        if shapes[0] is None or consts[1] is None:
+            return None
+        table, where, out_shape = plan(shapes[0], np.asarray(consts[1]))
+        return lambda data, indices: data.reshape(table)[where].reshape(out_shape)
+
+    run.specialize = specialize
     return run
 
 

@@ -268,21 +268,34 @@ def split(info: NodeInfo) -> Callable[..., tuple[np.ndarray | None, ...]]:
     if const is not None:
         fixed = to_ints(const)
 
-    def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple[np.ndarray | None, ...]:
-        a = norm_axis(axis, x.ndim, "Split")
+    def pieces(shape: tuple, split: np.ndarray | None) -> tuple[tuple[slice, ...] | None, ...]:
+        """The index of each wanted output (None for outputs the node leaves out)."""
+        a = norm_axis(axis, len(shape), "Split")
         parts = fixed if fixed is not None or split is None else to_ints(split)
-        sizes = _split_sizes(x.shape[a], n, parts, num_outputs)
+        sizes = _split_sizes(shape[a], n, parts, num_outputs)
         lead = (slice(None),) * a
-        outs: list[np.ndarray | None] = []
+        out: list[tuple[slice, ...] | None] = []
         start = 0
         for i, size in enumerate(sizes):
-            if i < len(present) and present[i]:
-                outs.append(x[(*lead, slice(start, start + size))].copy())
-            else:
-                outs.append(None)
+            wanted = i < len(present) and present[i]
+            out.append((*lead, slice(start, start + size)) if wanted else None)
             start += size
-        return tuple(outs)
+        return tuple(out)
 
+    def cut(x: np.ndarray, index: tuple) -> tuple[np.ndarray | None, ...]:
+        return tuple(None if ix is None else x[ix].copy() for ix in index)
+
+    def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple[np.ndarray | None, ...]:
+        return cut(x, pieces(x.shape, split))
+
+    def specialize(dtypes, shapes, consts):
+        given = len(shapes) > 1 and shapes[1] is not None
+        if shapes[0] is None or (given and fixed is None and consts[1] is None):
+            return None
+        index = pieces(shapes[0], consts[1] if given else None)
+        return lambda x, split=None: cut(x, index)
+
+    run.specialize = specialize
     return run
 
 
@@ -302,10 +315,27 @@ def _expand(x: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
 def expand(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Broadcast to `shape` (bidirectionally); always a fresh contiguous array."""
     const = const_input(info, 1)
-    if const is not None:
-        target = to_ints(const)
-        return lambda x, shape=None: _expand(x, target)
-    return lambda x, shape: _expand(x, to_ints(shape))
+    target = None if const is None else to_ints(const)
+
+    def run(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
+        return _expand(x, target if target is not None else to_ints(shape))
+
+    def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
+        want = target if target is not None else (None if consts[1] is None
+                                                  else to_ints(consts[1]))
+        if shapes[0] is None or want is None:
+            return None
+        out_shape = np.broadcast_shapes(shapes[0], want)
+
+        def special(x: np.ndarray, shape: np.ndarray | None = None) -> np.ndarray:
+            out = np.empty(out_shape, dtype=x.dtype)
+            np.copyto(out, x)
+            return out
+
+        return special
+
+    run.specialize = specialize
+    return run
 
 
 def _tile(x: np.ndarray, reps: tuple[int, ...]) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu.resize import _config, _PlanCache, _values
+from onnxkiln.providers.cpu.resize import _config, _plan, _values
 from onnxkiln.providers.cuda._util import host_input
 from onnxkiln.providers.cuda.dtypes import FLOATS, INTS, needs
 from onnxkiln.providers.cuda.registry import kernel
@@ -24,15 +24,22 @@ _SERVED = FLOATS | INTS
 
 
 class _DevicePlans:
-    """The CPU planner's per-axis ops with their index/weight arrays on the device."""
+    """The CPU planner's per-axis ops with their index/weight arrays on the device (the last
+    plans made, by input shape and resize parameters: this provider does not specialise
+    per signature yet)."""
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        self.plans = _PlanCache(cfg)
+        self.plans: dict[tuple, object] = {}
         self.uploaded: dict[tuple[int, str, torch.dtype], tuple] = {}
 
     def get(self, x: Tensor, scales, sizes, roi) -> tuple:
-        plan = self.plans.get(tuple(x.shape), scales, sizes, roi)
+        key = (tuple(x.shape), scales, sizes, roi)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= 16:
+                self.plans.clear()
+            plan = self.plans[key] = _plan(tuple(x.shape), scales, sizes, roi, self.cfg)
         wdt = torch.float64 if x.dtype in (torch.float64, torch.int32, torch.int64) \
             else torch.float32
         key = (id(plan), str(x.device), wdt)
