@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -388,11 +387,8 @@ def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | 
 _F32 = np.dtype(np.float32)
 
 
-@functools.lru_cache(maxsize=64)
 def _zeros(n: int, dt: np.dtype) -> np.ndarray:
-    z = np.zeros(n, dt)
-    z.flags.writeable = False
-    return z
+    return np.zeros(n, dt)
 
 
 # ---------------------------------------------------------------------------- ConvTranspose

@@ -14,7 +14,6 @@ floating-point operations, but in place on its own fresh buffers:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -83,11 +82,8 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
     return run
 
 
-@functools.lru_cache(maxsize=64)
 def _ones(n: int, dt: np.dtype) -> np.ndarray:
-    v = np.ones((n, 1), dtype=dt)
-    v.flags.writeable = False
-    return v
+    return np.ones((n, 1), dtype=dt)
 
 
 def _softmax_last_(s: np.ndarray, fast=None) -> np.ndarray:

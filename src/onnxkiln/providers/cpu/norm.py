@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -34,12 +33,9 @@ def _compute_dtype(dt: np.dtype) -> np.dtype:
     return _F64 if dt == _F64 else _F32
 
 
-@functools.lru_cache(maxsize=256)
 def _fill(n: int, value: float, dt: np.dtype) -> np.ndarray:
-    """A read-only (n, 1) column of `value`: row sums as one BLAS product (~5x np.sum)."""
-    v = np.full((n, 1), value, dtype=dt)
-    v.flags.writeable = False
-    return v
+    """An (n, 1) column of `value`: row sums as one BLAS product (~5x np.sum)."""
+    return np.full((n, 1), value, dtype=dt)
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
