@@ -1,9 +1,12 @@
 """CPU kernels: recurrent layers (RNN, GRU, LSTM), every opset version.
 
-Each direction projects the whole input sequence with one matmul, then loops over time
-only. Shorter sequences (sequence_lens) are handled with per-batch masks: the state stops
-changing after a sequence's last step and its outputs past that are zero; the reverse
-direction first reverses each sequence within its own length.
+The input projection of the whole sequence is one matmul; then the time loop runs in
+numba (`rnn_fast`, variants `<op>.numba.blas` / `<op>.numba.dot`) when numba is on and
+every activation is one it compiles (sigmoid, tanh, relu), else in the numpy loop here
+(variant `<op>.numpy`, with the reason). In the numpy loop shorter sequences
+(sequence_lens) are handled with per-batch masks: the state stops changing after a
+sequence's last step and its outputs past that are zero; the reverse direction first
+reverses each sequence within its own length.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import rnn_fast
 from onnxkiln.providers.cpu.registry import kernel
 
 Activation = Callable[[np.ndarray], np.ndarray]
 
 # name -> (builder(alpha, beta), default alpha, default beta); None = does not use it.
 # Every builder returns a function that may overwrite its argument (always a temporary).
+# alpha and beta are Python floats: numpy keeps the array's dtype with them.
 
 
 def _relu(a, b):
@@ -32,7 +36,16 @@ def _tanh(a, b):
 
 
 def _sigmoid(a, b):
-    return lambda x: expit(x, out=x)
+    def f(x):
+        # 1 / (1 + e) for x >= 0, e / (1 + e) below, e = exp(-|x|) <= 1: never overflows
+        e = np.abs(x)
+        np.negative(e, out=e)
+        np.exp(e, out=e)
+        num = np.where(x >= 0, 1, e)
+        e += 1
+        return np.divide(num, e, out=x)
+
+    return f
 
 
 def _affine(a, b):
@@ -98,10 +111,10 @@ _ACTIVATIONS: dict[str, tuple[Callable[[Any, Any], Activation], float | None, fl
 }
 
 
-def _activations(
-    attrs, n_per_dir: int, n_dirs: int, defaults: Sequence[str], dtype: np.dtype
-) -> list[list[Activation]]:
-    """Per direction, the n_per_dir activation functions, alphas/betas consumed in order."""
+def _activation_names(
+    attrs, n_per_dir: int, n_dirs: int, defaults: Sequence[str]
+) -> list[tuple[str, float | None, float | None]]:
+    """Per slot (direction-major), (lower-case name, alpha, beta), alphas/betas in order."""
     names = list(attrs.get("activations") or [])
     if not names:
         names = list(defaults)
@@ -115,7 +128,7 @@ def _activations(
             )
     alphas = list(attrs.get("activation_alpha") or [])
     betas = list(attrs.get("activation_beta") or [])
-    funcs: list[Activation] = []
+    slots = []
     for name in names[: n_per_dir * n_dirs]:
         key = (name.decode() if isinstance(name, bytes) else str(name)).lower()
         entry = _ACTIVATIONS.get(key)
@@ -124,14 +137,19 @@ def _activations(
                 f"unsupported activation {name!r}; expected one of "
                 f"{', '.join(sorted(_ACTIVATIONS))}"
             )
-        build, alpha, beta = entry
+        _, alpha, beta = entry
         if alpha is not None and alphas:
             alpha = alphas.pop(0)
         if beta is not None and betas:
             beta = betas.pop(0)
-        cast = dtype.type
-        funcs.append(build(None if alpha is None else cast(alpha),
-                           None if beta is None else cast(beta)))
+        slots.append((key, None if alpha is None else float(alpha),
+                      None if beta is None else float(beta)))
+    return slots
+
+
+def _activations(slots, n_per_dir: int, n_dirs: int) -> list[list[Activation]]:
+    """Per direction, the n_per_dir numpy activation functions."""
+    funcs = [_ACTIVATIONS[key][0](alpha, beta) for key, alpha, beta in slots]
     return [funcs[d * n_per_dir:(d + 1) * n_per_dir] for d in range(n_dirs)]
 
 
@@ -366,33 +384,62 @@ def _run_lstm(setup, xw, rt, p, h, c, acts, clip, want_y, input_forget):
 
 
 def _common(info: NodeInfo, n_acts: int, defaults: Sequence[str]):
+    """Attributes parsed once: (directions, layout, hidden_size, clip function, numpy
+    activations per direction, whether Y is wanted, the compiled path's Spec)."""
     attrs = info.attrs
     reverse = _directions(attrs.get("direction") or "forward")
     layout = int(attrs.get("layout") or 0)
     hidden_size = attrs.get("hidden_size")
-    clip = _clipper(attrs.get("clip"))
-    acts_cache: dict[np.dtype, list[list[Activation]]] = {}
-
-    def acts_for(dt: np.dtype):
-        acts = acts_cache.get(dt)
-        if acts is None:
-            acts = acts_cache[dt] = _activations(attrs, n_acts, len(reverse), defaults, dt)
-        return acts
-
-    acts_for(np.dtype(np.float32))  # validate names and counts at plan time
+    slots = _activation_names(attrs, n_acts, len(reverse), defaults)
+    acts = _activations(slots, n_acts, len(reverse))
     present = info.output_present or (True,) * info.n_outputs
     want_y = bool(present and present[0])
-    return reverse, layout, hidden_size, clip, acts_for, want_y
+    codes = [rnn_fast.CODES.get(key) for key, _, _ in slots]
+    spec = None
+    if None not in codes:  # 3 codes per direction, 2 directions
+        flat = [c for d in range(len(reverse))
+                for c in codes[d * n_acts:(d + 1) * n_acts] + [0] * (3 - n_acts)]
+        flag = {"LSTM": "input_forget", "GRU": "linear_before_reset"}.get(info.op_type)
+        spec = rnn_fast.Spec(
+            op=info.op_type, n_dirs=len(reverse), rev0=int(reverse[0]), layout=layout,
+            hidden_size=hidden_size, clip=attrs.get("clip"),
+            codes=tuple(flat + [0] * (6 - len(flat))),
+            flag=int(attrs.get(flag) or 0) if flag else 0, want_y=want_y)
+    return reverse, layout, hidden_size, _clipper(attrs.get("clip")), acts, want_y, spec
+
+
+def _dispatch(info: NodeInfo, spec, slow: Callable[..., tuple]) -> Callable[..., tuple]:
+    """The node's kernel: the compiled path when it applies, else the numpy loop `slow`."""
+    tag = info.op_type.lower()
+    if spec is None:
+        fast, why = None, "an activation other than sigmoid, tanh or relu: the numpy loop"
+    else:
+        fast, why = rnn_fast.build(info, spec)
+    if fast is None:
+        slow.variant, slow.variant_reason = f"{tag}.numpy", why
+        return slow
+
+    def run(*args):
+        got = fast(*args)
+        if isinstance(got, str):
+            run.variant, run.variant_reason = f"{tag}.numpy", got
+            return slow(*args)
+        out, run.variant = got
+        run.variant_reason = None
+        return out
+
+    run.variant, run.variant_reason = f"{tag}.numba", None
+    run.specialize = fast.specialize
+    return run
 
 
 @kernel("RNN", since=1, factory=True, multi_output=True, variant="rnn.numpy")
 def rnn(info: NodeInfo):
     """Simple RNN: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
-    reverse, layout, hidden_size, clip, acts_for, want_y = _common(info, 1, ["Tanh"])
+    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(info, 1, ["Tanh"])
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None):
         s = _Setup(x, r, sequence_lens, [initial_h], layout, 1, hidden_size, len(reverse))
-        acts = acts_for(s.dtype)
         ys, hs = [], []
         for d, rev in enumerate(reverse):
             wb, rb = _split_bias(b, d, 1, s.hidden, s.dtype)
@@ -405,20 +452,19 @@ def rnn(info: NodeInfo):
             hs.append(h)
         return s.finish(ys if want_y else None, [hs], reverse)
 
-    return run
+    return _dispatch(info, spec, run)
 
 
 @kernel("GRU", since=1, factory=True, multi_output=True, variant="gru.numpy")
 def gru(info: NodeInfo):
     """GRU with update/reset gates (gate order z, r, h), linear_before_reset 0 or 1."""
-    reverse, layout, hidden_size, clip, acts_for, want_y = _common(
+    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(
         info, 2, ["Sigmoid", "Tanh"]
     )
     lbr = int(info.attrs.get("linear_before_reset") or 0)
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None):
         s = _Setup(x, r, sequence_lens, [initial_h], layout, 3, hidden_size, len(reverse))
-        acts = acts_for(s.dtype)
         n = s.hidden
         ys, hs = [], []
         for d, rev in enumerate(reverse):
@@ -441,13 +487,13 @@ def gru(info: NodeInfo):
             hs.append(h)
         return s.finish(ys if want_y else None, [hs], reverse)
 
-    return run
+    return _dispatch(info, spec, run)
 
 
 @kernel("LSTM", since=1, factory=True, multi_output=True, variant="lstm.numpy")
 def lstm(info: NodeInfo):
     """LSTM (gate order i, o, f, c) with optional peepholes and coupled input/forget gates."""
-    reverse, layout, hidden_size, clip, acts_for, want_y = _common(
+    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(
         info, 3, ["Sigmoid", "Tanh", "Tanh"]
     )
     input_forget = int(info.attrs.get("input_forget") or 0)
@@ -455,7 +501,6 @@ def lstm(info: NodeInfo):
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
         s = _Setup(x, r, sequence_lens, [initial_h, initial_c], layout, 4, hidden_size,
                    len(reverse))
-        acts = acts_for(s.dtype)
         n = s.hidden
         if p is not None and p.shape != (len(reverse), 3 * n):
             raise ValueError(f"P must have shape {(len(reverse), 3 * n)}, got {p.shape}")
@@ -474,4 +519,4 @@ def lstm(info: NodeInfo):
             cs.append(c)
         return s.finish(ys if want_y else None, [hs, cs], reverse)
 
-    return run
+    return _dispatch(info, spec, run)
