@@ -334,3 +334,24 @@ def test_expand_and_split_specialised():
     x = RNG.standard_normal((1, 5, 1)).astype(np.float32)
     entry = _check(model, {"x": x}, 1)
     assert entry.kernels == 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [2, 3, 5, 8, 13, 16])
+def test_few_row_products_take_the_row_kernels(m, threads):
+    """2..16 rows against a constant B: the fastest of BLAS and the numba row kernels."""
+    k, n = 256, 768
+    a = RNG.standard_normal((1, m, k)).astype(np.float32)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
+                       [tensor_info("a", np.float32, [1, m, k])],
+                       [tensor_info("y", np.float32, [1, m, n])], {"w": w})
+    entry = _check(model, {"a": a}, threads, exact=False, rtol=1e-4, atol=1e-4)
+    assert _variants(entry) == ["matmul.few_rows"]
+    wt = RNG.standard_normal((n, k)).astype(np.float32)  # Gemm transB: B already (N, K)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    gemm = make_model([helper.make_node("Gemm", ["a", "w", "c"], ["y"], transB=1, alpha=0.5)],
+                      [tensor_info("a", np.float32, [m, k])],
+                      [tensor_info("y", np.float32, [m, n])], {"w": wt, "c": bias})
+    entry = _check(gemm, {"a": a[0]}, threads, exact=False, rtol=1e-4, atol=1e-4)
+    assert _variants(entry) == ["gemm.few_rows"]

@@ -10,13 +10,17 @@ single row).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from onnxkiln.pool import parallel_for
+from onnxkiln.pool import active_threads, parallel_for
+from onnxkiln.providers.cpu import _numba
 
-__all__ = ["SPLIT_MIN_FLOPS", "Split", "matmul_split", "plan_split", "split_ranges"]
+__all__ = ["SMALL_M_MAX", "SPLIT_MIN_FLOPS", "Split", "few_rows_product", "matmul_split",
+           "plan_split", "split_ranges"]
 
 SPLIT_MIN_FLOPS = 2_000_000
 """Products below this many flops (2*M*K*N) run whole: a dispatch to the pool costs a few
@@ -74,3 +78,124 @@ def matmul_split(a: np.ndarray, b: np.ndarray, split: Split | None,
             np.matmul(a[lo:hi], b, out=y[lo:hi])
     parallel_for(len(ranges), chunk)
     return y
+
+
+SMALL_M_MAX = 16
+"""Products of 2..SMALL_M_MAX rows against a constant B choose their implementation by
+timing: OpenBLAS packs B on every call and, given B transposed, is up to 10x slower than
+with B as (K, N) (measured: (4, 128) @ (128, 50257) 19 ms vs 2 ms); the numba row kernels
+(_numba_gemv) beat it on long rows ((4, 768) @ (768, 768): 111 vs 216 us)."""
+SMALL_M_MIN_ELEMENTS = 1 << 14  # B smaller than this: BLAS as given
+LAYOUT_COPY_MAX_BYTES = 64 << 20  # largest B copied into another layout when that wins
+LAYOUT_COPY_MIN_GAIN = 1.3  # ... by at least this factor
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _gemv_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 2, "C", readonly=True), types.Array(f, 2, "C", readonly=True),
+            i64, i64, i64, f, types.Array(f, 2, "C"))
+
+
+def _axpy_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 2, "C", readonly=True), types.Array(f, 2, "C", readonly=True),
+            i64, i64, f, types.Array(f, 2, "C"))
+
+
+_FAST = {"reassoc", "contract", "nsz", "arcp"}
+for _rows in (1, 2, 4, 8):
+    _numba.register(f"gemv_rows{_rows}", "onnxkiln.providers.cpu._numba_gemv", _gemv_signature,
+                    (_F32, _F64), _FAST)
+_numba.register("axpy_rows", "onnxkiln.providers.cpu._numba_gemv", _axpy_signature,
+                (_F32, _F64), _FAST)
+
+
+def _columns_split(fn: Callable, m: int, n: int, k: int, dt: np.dtype
+                   ) -> Callable[[np.ndarray], np.ndarray]:
+    """call(a) running chunk(a, c, lo, hi) over output columns, split across the pool."""
+    threads = active_threads()
+    parts = 1 if threads < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS else 2 * threads
+    ranges = split_ranges(n, parts, COL_ALIGN)
+
+    def call(a: np.ndarray) -> np.ndarray:
+        a = np.ascontiguousarray(a)
+        c = np.empty((m, n), dt)
+        if len(ranges) == 1:
+            fn(a, c, 0, n)
+        else:
+            parallel_for(len(ranges), lambda i: fn(a, c, *ranges[i]))
+        return c
+
+    return call
+
+
+def _rows_kernel(m: int, bt: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
+    """a @ bt.T through the gemv_rows kernels (rows in groups of 8, 4, 2, 1)."""
+    handles = {r: _numba.lazy(f"gemv_rows{r}", bt.dtype) for r in (8, 4, 2, 1)}
+    if any(h is None or not h.ready() for h in handles.values()):
+        return None
+    groups, r0 = [], 0
+    for r in (8, 4, 2, 1):
+        while m - r0 >= r:
+            groups.append((handles[r].fn, r0))
+            r0 += r
+    zero = bt.dtype.type(0)
+
+    def chunk(a: np.ndarray, c: np.ndarray, lo: int, hi: int) -> None:
+        for fn, start in groups:
+            fn(a, bt, start, lo, hi, zero, c)
+
+    return _columns_split(chunk, m, bt.shape[0], bt.shape[1], bt.dtype)
+
+
+def _axpy_kernel(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
+    """a @ b through the axpy_rows kernel (B as (K, N))."""
+    handle = _numba.lazy("axpy_rows", b.dtype)
+    if handle is None or not handle.ready():
+        return None
+    fn, zero = handle.fn, b.dtype.type(0)
+    return _columns_split(lambda a, c, lo, hi: fn(a, b, lo, hi, zero, c), m, b.shape[1],
+                          b.shape[0], b.dtype)
+
+
+def few_rows_product(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
+    """call(a) -> a @ b for a of shape (m, K), 2 <= m <= SMALL_M_MAX, b a constant (K, N)
+    (any strides: a transposed view of an (N, K) weight is common): the fastest of BLAS
+    and the numba row kernels, each on B as given or copied into its layout (a copy only
+    when it wins by LAYOUT_COPY_MIN_GAIN and is at most LAYOUT_COPY_MAX_BYTES), timed
+    once on this shape. None when the product is too small for this to matter."""
+    k, n = b.shape
+    if not 2 <= m <= SMALL_M_MAX or k * n < SMALL_M_MIN_ELEMENTS or b.dtype not in (_F32, _F64):
+        return None
+    copy_ok = b.nbytes <= LAYOUT_COPY_MAX_BYTES
+    kn = b if b.flags.c_contiguous else (np.ascontiguousarray(b) if copy_ok else None)
+    nk = b.T if b.T.flags.c_contiguous else (np.ascontiguousarray(b.T) if copy_ok else None)
+    given = "kn" if b.flags.c_contiguous else "nk" if b.T.flags.c_contiguous else ""
+    candidates: list[tuple[str, Callable]] = [("blas", lambda a2: np.matmul(a2, b))]
+    if kn is not None and given != "kn":
+        candidates.append(("kn", lambda a2: matmul_split(a2, kn, None)))
+    for layout, make in (("nk", lambda: _rows_kernel(m, nk)),
+                         ("kn", lambda: _axpy_kernel(m, kn))):
+        if (nk if layout == "nk" else kn) is not None:
+            fn = make()
+            if fn is not None:
+                candidates.append((layout, fn))
+    a = np.ones((m, k), b.dtype)
+    timed = []
+    for layout, fn in candidates:
+        fn(a)
+        start = time.perf_counter()
+        fn(a)
+        timed.append((time.perf_counter() - start, layout, fn))
+    best = min(timed, key=lambda t: t[0])
+    as_given = min((t for t in timed if t[1] in ("blas", given)), key=lambda t: t[0])
+    if best[1] not in ("blas", given) and best[0] * LAYOUT_COPY_MIN_GAIN > as_given[0]:
+        best = as_given  # a copy of B that does not win clearly is not worth its memory
+    return best[2]

@@ -109,7 +109,7 @@ def depthwise_planes(x, w, bias, params, c0, c1, out):
     computed and dropped). One fill, kh * kw vector loops and one copy per channel.
     """
     sh, sw, dh, dw, pt, pl = params
-    n, _, h, wd = x.shape
+    n = x.shape[0]
     kh, kw = w.shape[1], w.shape[2]
     oh, ow = out.shape[2], out.shape[3]
     hq = oh + ((kh - 1) * dh) // sh

@@ -11,13 +11,21 @@ kernel reads `info.attrs.get(name, default)` with onnxruntime's documented defau
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import ml_dtypes
 import numpy as np
 
+from onnxkiln.pool import active_threads
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
+from onnxkiln.providers.cpu._gemm import (
+    SMALL_M_MAX,
+    few_rows_product,
+    matmul_split,
+    plan_split,
+)
 from onnxkiln.providers.cpu._tensor_util import attr_str, const_input
 from onnxkiln.providers.cpu.conv import conv as _onnx_conv
 from onnxkiln.providers.cpu.linalg import gemm as _onnx_gemm
@@ -222,7 +230,40 @@ def fused_matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
             y = np.multiply(y, y.dtype.type(alpha), out=y if isinstance(y, np.ndarray) else None)
         return y.astype(dt) if dt in _LOW else y
 
+    def specialize(dtypes, shapes, consts):
+        """A' (..., K) against a constant 2-D B': A's batch dims folded into rows, the
+        product through the few-row kernels or a (split) GEMM."""
+        sa = shapes[0]
+        if (b_ready is None or b_ready.ndim != 2 or sa is None or len(sa) < 2 or ta or tba
+                or dtypes[0] not in (_F32, np.dtype(np.float64)) or b_ready.dtype != dtypes[0]
+                or sa[-1] != b_ready.shape[0]):
+            return None
+        m, k, n = math.prod(sa[:-1]), sa[-1], b_ready.shape[1]
+        out_shape = (*sa[:-1], n)
+        product = _fast_product(m, k, b_ready)
+        scale = b_ready.dtype.type(alpha)
+
+        def special(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            y = product(a.reshape(m, k))
+            if alpha != 1.0:
+                y *= scale
+            return y.reshape(out_shape)
+
+        special.variant = "fusedmatmul.few_rows" if 1 < m <= SMALL_M_MAX else "fusedmatmul.blas"
+        return special
+
+    run.specialize = specialize
     return run
+
+
+def _fast_product(m: int, k: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """(m, k) @ b for a constant 2-D b: the few-row products when they apply, else one GEMM
+    split across the pool."""
+    rows = few_rows_product(m, b)
+    if rows is not None:
+        return rows
+    split = plan_split(m, k, b.shape[1], active_threads())
+    return lambda a2: matmul_split(a2, b, split)
 
 
 # ---------------------------------------------------------------------------------------------

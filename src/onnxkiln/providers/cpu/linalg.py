@@ -15,6 +15,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._gemm import (
     SPLIT_MIN_FLOPS,
     Split,
+    few_rows_product,
     matmul_split,
     plan_split,
     split_ranges,
@@ -114,6 +115,12 @@ def _specialize_matmul(dtypes, shapes, consts) -> Callable[..., np.ndarray] | No
     threads = active_threads()
     if len(sb) == 2:
         m, k, n = math.prod(sa[:-1]), sa[-1], sb[1]
+        b = consts[1]
+        rows = None if b is None else few_rows_product(m, b)
+        if rows is not None:
+            out_shape = (*sa[:-1], n)
+            return _named(lambda a, b: rows(a.reshape(m, k)).reshape(out_shape),
+                          "matmul.few_rows", None)
         split = plan_split(m, k, n, threads)
         if len(sa) == 2:
             if split is None:
@@ -269,7 +276,9 @@ def gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
         m, k = (sa[1], sa[0]) if trans_a else sa
         if k != wb.shape[0] or wb.dtype not in (_F32, _F64):
             return None
-        split = plan_split(m, k, wb.shape[1], active_threads())
+        rows = few_rows_product(m, wb)
+        split = None if rows is not None else plan_split(m, k, wb.shape[1], active_threads())
+        product = rows if rows is not None else (lambda a2: matmul_split(a2, wb, split))
         scale = wb.dtype.type(wb_alpha)
         bias = wc if wc is not None else None
         if bias is None and len(shapes) > 2 and shapes[2] is not None and beta != 0.0:
@@ -280,14 +289,14 @@ def gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
             return None
 
         def special(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
-            y = matmul_split(a.T if trans_a else a, wb, split)
+            y = product(a.T if trans_a else a)
             if wb_alpha != 1.0:
                 y *= scale
             if bias is not None:
                 y += bias
             return y
 
-        return _named(special, "gemm.blas", split)
+        return _named(special, "gemm.few_rows" if rows is not None else "gemm.blas", split)
 
     run.specialize = specialize
     return run
