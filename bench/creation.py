@@ -8,12 +8,13 @@ fresh: a subprocess runs `import X; create a session` and reports, from its own 
 the two engines alternate, in a shuffled order per round. `interp` is the interpreter's own
 start (`python -c pass`, timed from outside), which both pay on top. warm: a second session of
 the model in this process (both engines imported and one session built first), alternating
-too. Both engines at 1 intra-op thread. Medians over `--repeat` rounds. With `--first-run`
-the fresh process also runs the model once on random feeds (onnxkiln loads its numba kernels
-on the first run that needs them, so that run carries their load). Which of numba, scipy,
-torch and sympy a fresh onnxkiln process imported by the end is listed. One untimed child
-per engine and model goes first, and the children write and read bytecode caches
-(PYTHONDONTWRITEBYTECODE is dropped for them), as for an installed package.
+too. Both engines at 1 intra-op thread. Medians over `--repeat` rounds; the children's CPU
+time for import + create is shown too (less swayed than wall time by other jobs' load).
+With `--first-run` the fresh process also runs the model once on random feeds (onnxkiln
+loads its numba kernels on the first run that needs them, so that run carries their load).
+Which of numba, scipy, torch and sympy a fresh onnxkiln process imported by the end is
+listed. One untimed child per engine and model goes first, and the children write and read
+bytecode caches (PYTHONDONTWRITEBYTECODE is dropped for them), as for an installed package.
 """
 
 from __future__ import annotations
@@ -35,21 +36,21 @@ from bench._timing import interleave
 HEAVY = ("numba", "scipy", "torch", "sympy")
 _CHILD = """\
 import time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import json, sys
 path, engine, first_run = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if engine == "onnxkiln":
     import onnxkiln
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     s = onnxkiln.InferenceSession.builder().intra_op_threads(1).load(path)
 else:
     import onnxruntime as ort
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-t2 = time.perf_counter()
-out = {"import": t1 - t0, "create": t2 - t1}
+t2, c2 = time.perf_counter(), time.process_time()
+out = {"import": t1 - t0, "create": t2 - t1, "cpu_import": c1 - c0, "cpu_create": c2 - c1}
 if first_run:
     import onnx
     from onnxkiln import zoo
@@ -157,6 +158,8 @@ def report(path: str, fr: dict, warm: dict[str, float]) -> str:
             f"{(k['import'] + k['create'] - o['import'] - o['create']) * ms:+6.0f} ms")
     if "first_run" in k:
         line += f", 1st run {k['first_run'] * ms:5.0f} / {o['first_run'] * ms:4.0f} ms"
+    line += (f" (cpu {(k['cpu_import'] + k['cpu_create']) * ms:.0f} / "
+             f"{(o['cpu_import'] + o['cpu_create']) * ms:.0f} ms)")
     line += (f" | warm {warm['onnxkiln'] * ms:6.1f} / {warm['onnxruntime'] * ms:5.1f} ms "
              f"({warm['onnxkiln'] / warm['onnxruntime']:.1f}x)")
     if k["heavy"]:
