@@ -1,6 +1,6 @@
 """Small recurrent models, onnxkiln against onnxruntime at the same intra-op thread count.
 
-    python bench/recurrent.py [--threads 1] [--rounds 30] [--cases a,b] [--numpy]
+    python bench/recurrent.py [--threads 1] [--rounds 30] [--cases a,b] [--numpy] [--cpu-time]
 
 Each case is a torch nn.LSTM / nn.GRU (batch_first, as taggers and voice-activity
 detectors use them) exported with torch.onnx.export(dynamo=False), with a Linear head.
@@ -8,7 +8,9 @@ Both sessions are built first, then timed in alternation: per round, after an id
 (the previous engine's spinning BLAS and pool threads go quiet, see bench/_timing.py), a
 burst of calls of each engine (order alternating), the mean per call; the median over
 rounds is shown, with the ratio. --numpy times onnxkiln with the numba kernels off as a
-third engine.
+third engine. --cpu-time times the calling thread's CPU time instead of the wall clock:
+at 1 thread both engines compute on the calling thread, and on a shared machine the CPU
+time leaves out the time other processes held the core.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def _sessions(model: bytes, threads: int, numpy_too: bool):
     return runs
 
 
-def measure(model: bytes, feeds: dict, threads: int, rounds: int, numpy_too: bool):
+def measure(model: bytes, feeds: dict, threads: int, rounds: int, numpy_too: bool,
+            clock=time.perf_counter):
     """Median seconds per call of each engine, interleaved; and the largest |kiln - ort|."""
     runs = _sessions(model, threads, numpy_too)
     calls = {k: ((lambda s=s: s.run(None, feeds)) if k == "onnxruntime"
@@ -102,10 +105,10 @@ def measure(model: bytes, feeds: dict, threads: int, rounds: int, numpy_too: boo
         for k in names if i % 2 == 0 else names[::-1]:
             fn = calls[k]
             time.sleep(GAP_S)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(burst):
                 fn()
-            times[k].append((time.perf_counter() - t0) / burst)
+            times[k].append((clock() - t0) / burst)
     kiln = calls["onnxkiln"]()
     ref = calls["onnxruntime"]()
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
@@ -119,6 +122,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--numpy", action="store_true", help="also time the numpy loop")
+    p.add_argument("--cpu-time", action="store_true", help="time the calling thread's CPU "
+                   "time (threads 1 only)")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     print(f"{'case':22s} {'kiln us':>9s} {'ort us':>9s} {'kiln/ort':>8s}"
@@ -127,7 +132,8 @@ def main() -> int:
         cell, n_in, hidden, layers, bi, seq, batch = CASES[name]
         model = export(cell, n_in, hidden, layers, bi, seq, batch)
         feeds = {"x": rng.standard_normal((batch, seq, n_in)).astype(np.float32)}
-        med, diff = measure(model, feeds, args.threads, args.rounds, args.numpy)
+        clock = time.thread_time if args.cpu_time else time.perf_counter
+        med, diff = measure(model, feeds, args.threads, args.rounds, args.numpy, clock)
         k, o = med["onnxkiln"], med["onnxruntime"]
         line = f"{name:22s} {k * 1e6:9.1f} {o * 1e6:9.1f} {k / o:7.2f}x"
         if args.numpy:

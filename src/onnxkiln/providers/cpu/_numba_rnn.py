@@ -20,11 +20,12 @@ The recurrent product (`_recur`) has two forms, chosen per call by the caller (s
 `rnn_fast.product_mode`): 0 calls BLAS (np.dot of the state rows with R^T laid out
 (H, gates*H), one GEMM per step); 1 is a dot loop over R's own rows (gates*H, H),
 contiguous in the reduction, four weight rows per sweep of a state row. BLAS wins while R
-fits in the L2 cache or there is one row (GEMV); with several rows and a large R, the GEMM
-repacks R on every step, and the dot loop, which streams each R row once for all rows, is
-up to 5x faster. Measured in a numba loop of steps (µs per step, float32, 1 thread, Xeon
-Emerald Rapids, 2 MB L2 per core, other processes sharing the machine: +-30%), BLAS / dot
-loop, weights (gates*H, H):
+fits in the L2 cache; with several rows and a large R the GEMM repacks R on every step,
+and the dot loop, which streams each R row once for all rows, is up to 5x faster; with one
+row both stream R at the same speed. So: the dot loop from 1 MB of R at every batch (R^T
+then need not be kept), and from 768 KB at 8 rows. Measured in a numba loop of steps (µs
+per step, float32, 1 thread, Xeon Emerald Rapids, 2 MB L2 per core, other processes
+sharing the machine: +-30%), BLAS / dot loop, weights (gates*H, H):
 
     gates*H x H   B=1        B=2         B=4          B=8
     128 x 32      0.25/0.47  0.28/0.78   0.42/1.4     0.57/2.9
@@ -37,6 +38,10 @@ loop, weights (gates*H, H):
     2048 x 512    155/140    1050/180    989/443      1107/542
     1024 x 1024   144/151    1296/202    1768/537     1348/826
     4096 x 1024   1208/639   5928/1512   3193/2382    3385/2332
+
+and as whole LSTM steps (product and gates, thread CPU time, µs per step, BLAS / dot):
+R 1024 x 256 (1 MB) B=1 22.8/18.8, B=2 32.6/39.7, B=4 195/76; 1536 x 384 B=1 71/76,
+B=2 463/118; 2048 x 512 (4 MB) B=1 171/172, B=2 898/221, B=4 1014/343.
 
 (A hand-written axpy form over R^T, k outer and the gate columns inner, was 1.5-3x slower
 than the dot loop at every size with B >= 2, and no faster than BLAS below.)
@@ -207,7 +212,7 @@ def _recur(h, w, wt, out, tb, mode):
     """out[b] = h[b] @ w.T for the rows with tb[b] >= 0 (others: anything).
 
     w (G, H) and wt = w.T laid out (H, G). mode 0: one BLAS GEMM (h @ wt) for all rows;
-    1: dot loops over w's rows, four per sweep of h[b]."""
+    1: dot loops over w's rows, four per sweep of h[b] (wt is not read: it may be a dummy)."""
     nb, g = out.shape
     if mode == 0:
         np.dot(h, wt, out)
@@ -242,13 +247,17 @@ def _recur(h, w, wt, out, tb, mode):
 
 
 @_jit
-def _project(x, wt, bias, has_bias):
+def _project(x, w, bias, has_bias, w_rows):
     """X W^T (+ the summed biases) for every step and direction: one GEMM, x (S0, S1, I)
-    in either layout, wt (I, D*G); the result is (S0, S1, D*G)."""
+    in either layout; w is W^T (I, D*G), or with w_rows W itself (D*G, I) (a transposed
+    GEMM, as fast once W is large: no copy of W then). The result is (S0, S1, D*G)."""
     s0, s1, ni = x.shape
-    g = wt.shape[1]
+    g = w.shape[0] if w_rows else w.shape[1]
     xw = np.empty((s0 * s1, g), x.dtype)
-    np.dot(x.reshape((s0 * s1, ni)), wt, xw)
+    if w_rows:
+        np.dot(x.reshape((s0 * s1, ni)), w.T, xw)
+    else:
+        np.dot(x.reshape((s0 * s1, ni)), w, xw)
     if has_bias:
         for i in range(s0 * s1):
             row = xw[i]
@@ -356,14 +365,15 @@ def _lstm_row(ga, xr, hb, cb, pd, n, a0, a1, a2, input_forget, use_clip, clip):
 def lstm_seq(x, wt, bias, r, rt, p, h0, c0, lens, params, clip, y, yh, yc):
     """Every direction of one LSTM node.
 
-    x (T, B, I) or (B, T, I) by layout; wt (I, D*4H): W^T of every direction; bias
+    x (T, B, I) or (B, T, I) by layout; wt (I, D*4H): W^T of every direction (or W,
+    (D*4H, I), params[17]); bias
     (D*4H,): Wb + Rb; r (D, 4H, H) and rt (D, H, 4H): R and R^T; p (D, 3H) peepholes
     (zeros if none); h0, c0 initial states; lens (B,); params: see `rnn_fast.Spec`;
     y (T, D, B, H) / (B, T, D, H), yh and yc (D, B, H) / (B, D, H)."""
     n_dirs, rev0, lay, has_h0, has_c0, has_bias, has_lens, want_y, use_clip, mode, flag = \
         params[:11]
     nt, nb, n, longest = _dims(x, r, lens, lay, has_lens)
-    xw = _project(x, wt, bias, has_bias)
+    xw = _project(x, wt, bias, has_bias, params[17])
     cl = _scalar(r, clip)
     h = np.empty((nb, n), r.dtype)
     c = np.empty((nb, n), r.dtype)
@@ -469,7 +479,7 @@ def gru_seq(x, wt, bias, r, rt, rt2, rbh, h0, lens, params, clip, y, yh):
     n_dirs, rev0, lay, has_h0, _, has_bias, has_lens, want_y, use_clip, mode, lbr = \
         params[:11]
     nt, nb, n, longest = _dims(x, r, lens, lay, has_lens)
-    xw = _project(x, wt, bias, has_bias)
+    xw = _project(x, wt, bias, has_bias, params[17])
     cl = _scalar(r, clip)
     h = np.empty((nb, n), r.dtype)
     za = np.empty((nb, 3 * n if lbr else 2 * n), r.dtype)
@@ -501,7 +511,7 @@ def rnn_seq(x, wt, bias, r, rt, h0, lens, params, clip, y, yh):
     """Every direction of one RNN node: H = f(X W^T + H R^T + Wb + Rb); as `lstm_seq`."""
     n_dirs, rev0, lay, has_h0, _, has_bias, has_lens, want_y, use_clip, mode, _ = params[:11]
     nt, nb, n, longest = _dims(x, r, lens, lay, has_lens)
-    xw = _project(x, wt, bias, has_bias)
+    xw = _project(x, wt, bias, has_bias, params[17])
     cl = _scalar(r, clip)
     h = np.empty((nb, n), r.dtype)
     ga = np.empty((nb, n), r.dtype)

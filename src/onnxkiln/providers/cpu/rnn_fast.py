@@ -29,7 +29,7 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # as _numba_jit.FASTMATH
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _KERNELS = {"RNN": "rnn_seq", "GRU": "gru_seq", "LSTM": "lstm_seq"}
 CODES = {"sigmoid": 0, "tanh": 1, "relu": 2}  # activations the kernels compute
-_N_PARAMS = 17
+_N_PARAMS = 18
 
 
 def _signature(name: str, dt: np.dtype) -> tuple:
@@ -40,7 +40,7 @@ def _signature(name: str, dt: np.dtype) -> tuple:
     def arr(nd: int, ro: bool = True):
         return types.Array(f, nd, "C", readonly=ro)
 
-    head = (arr(3), arr(2), arr(1), arr(3), arr(3))  # x, wt, bias, r, rt
+    head = (arr(3), arr(2), arr(1), arr(3), arr(3))  # x, wt (or W), bias, r, rt
     lens = types.Array(types.int64, 1, "C", readonly=True)
     tail = (lens, types.UniTuple(types.int64, _N_PARAMS), types.float64, arr(4, False),
             arr(3, False))  # lens, params, clip, y, yh
@@ -55,23 +55,28 @@ for _name in _KERNELS.values():
     _numba.register(_name, _JIT, lambda dt, n=_name: _signature(n, dt), (_F32, _F64),
                     _FASTMATH)
 
-# Rows x R bytes from which the dot loop beats BLAS (measured; table in _numba_rnn).
-_DOT_FROM = ((8, 768 << 10), (4, 1 << 20), (2, 2 << 20))
+# From this size of one direction's R the dot loop runs at every batch (measured, table in
+# _numba_rnn: as fast as BLAS for one row, up to 5x faster for several, 20% slower only
+# for 2-3 rows below 2 MB), so R^T is not laid out: no copy of R is kept.
+DOT_ALWAYS = 1 << 20
+_DOT_FROM = 8, 768 << 10  # below DOT_ALWAYS: rows, R bytes from which the dot loop wins
+_W_ROWS = 1 << 18  # from this size of W the projection reads W itself, not a copy of W^T
 
 
 def product_mode(batch: int, r_bytes: int) -> int:
-    """0: BLAS for the recurrent product (one GEMM per step); 1: the dot loop, for several
-    rows against a recurrent weight too large for L2, where the GEMM repacks it each step."""
-    for rows, size in _DOT_FROM:
-        if batch >= rows and r_bytes >= size:
-            return 1
-    return 0
+    """0: BLAS for the recurrent product (one GEMM per step, h @ R^T); 1: the dot loop,
+    for a recurrent weight too large for L2, where a GEMM of several rows would repack it
+    every step and one row streams it as fast."""
+    if r_bytes >= DOT_ALWAYS:
+        return 1
+    return int(batch >= _DOT_FROM[0] and r_bytes >= _DOT_FROM[1])
 
 
 class Weights(NamedTuple):
     """One node's weights in the compute dtype, as the kernel takes them."""
 
     args: tuple  # the kernel's weight operands: wt, bias, r, rt (+ p; + rt2, rbh)
+    w_rows: int  # args[0] is W (D*G, I) itself rather than W^T (I, D*G)
     has_bias: int
     n_in: int
     hidden: int
@@ -81,10 +86,12 @@ class Weights(NamedTuple):
 def prepare(op: str, w, r, b, p, lbr: int, n_dirs: int, hidden_size, cdt: np.dtype) -> Weights:
     """Check and lay out W, R, B (and P) for the kernel; errors as the numpy path's.
 
-    wt (I, D*G) = W^T of every direction side by side; bias (D*G,) = Wb + Rb (for a GRU
-    with linear_before_reset, without the h gate's Rb: that is rbh (D, H)); r (D, G, H)
-    as given (no copy when already in the dtype) for the dot loop, rt (D, H, G) = R^T for
-    BLAS (a GRU without linear_before_reset: rt of the z, r gates, rt2 of the h gate)."""
+    wt (I, D*G) = W^T of every direction side by side (for a large W, W itself as given:
+    no copy); bias (D*G,) = Wb + Rb (for a GRU with linear_before_reset, without the h
+    gate's Rb: that is rbh (D, H)); r (D, G, H) as given (no copy when already in the
+    dtype) for the dot loop, rt (D, H, G) = R^T for BLAS (a GRU without
+    linear_before_reset: rt of the z, r gates, rt2 of the h gate), laid out only when R
+    is small enough for BLAS to be chosen (see product_mode)."""
     g = _GATES[op]
     hidden = r.shape[-1]
     rows = g * hidden
@@ -95,7 +102,9 @@ def prepare(op: str, w, r, b, p, lbr: int, n_dirs: int, hidden_size, cdt: np.dty
     if w.ndim != 3 or w.shape[:2] != (n_dirs, rows):
         raise ValueError(f"W must have {rows} rows and (input size) columns per direction, "
                          f"got {w.shape}")
-    wt = np.ascontiguousarray(w.reshape(n_dirs * rows, -1).T, dtype=cdt)
+    w2 = w.reshape(n_dirs * rows, -1)
+    w_rows = int(w2.nbytes >= _W_ROWS)
+    wt = np.ascontiguousarray(w2 if w_rows else w2.T, dtype=cdt)
     bias, rbh = np.zeros(1, cdt), np.zeros((n_dirs, hidden), cdt)
     if b is not None:
         if b.shape != (n_dirs, 2 * rows):
@@ -108,24 +117,26 @@ def prepare(op: str, w, r, b, p, lbr: int, n_dirs: int, hidden_size, cdt: np.dty
             rbh = np.ascontiguousarray(rb[:, 2 * hidden:])
         bias = bias.reshape(-1)
     rc = np.ascontiguousarray(r, dtype=cdt)
-    if op == "GRU" and not lbr:
+    none = np.zeros((1, 1, 1), cdt)
+    if rc[0].nbytes >= DOT_ALWAYS:  # the dot loop only: R^T is never read
+        rt = none
+        extra: tuple = (none, rbh) if op == "GRU" else ()
+    elif op == "GRU" and not lbr:
         rt = np.ascontiguousarray(rc[:, :2 * hidden].transpose(0, 2, 1))
-        extra: tuple = (np.ascontiguousarray(rc[:, 2 * hidden:].transpose(0, 2, 1)), rbh)
+        extra = (np.ascontiguousarray(rc[:, 2 * hidden:].transpose(0, 2, 1)), rbh)
     else:
         rt = np.ascontiguousarray(rc.transpose(0, 2, 1))
-        extra = (np.zeros((1, 1, 1), cdt), rbh) if op == "GRU" else ()
+        extra = (none, rbh) if op == "GRU" else ()
     if op == "LSTM":
         if p is not None and p.shape != (n_dirs, 3 * hidden):
             raise ValueError(f"P must have shape {(n_dirs, 3 * hidden)}, got {p.shape}")
         extra = (np.zeros((n_dirs, 3 * hidden), cdt) if p is None
                  else np.ascontiguousarray(p, dtype=cdt),)
-    return Weights((wt, bias, rc, rt, *extra), int(b is not None), wt.shape[0], hidden,
-                   rc[0].nbytes)
+    return Weights((wt, bias, rc, rt, *extra), w_rows, int(b is not None), w2.shape[1],
+                   hidden, rc[0].nbytes)
 
 
 def _lens(sequence_lens, batch: int, seq: int) -> np.ndarray:
-    if sequence_lens is None:
-        return np.full(batch, seq, np.int64)
     lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
     if lens.shape != (batch,):
         raise ValueError(f"sequence_lens must have shape ({batch},), got {sequence_lens.shape}")
@@ -211,7 +222,8 @@ def _facts(spec: Spec, wts: Weights, xshape, h0: bool, c0: bool, lens: bool) -> 
     n_dirs, hidden = spec.n_dirs, wts.hidden
     mode = product_mode(batch, wts.r_bytes)
     params = (n_dirs, spec.rev0, lay, int(h0), int(c0), wts.has_bias, int(lens),
-              int(spec.want_y), int(spec.clip is not None), mode, spec.flag, *spec.codes)
+              int(spec.want_y), int(spec.clip is not None), mode, spec.flag, *spec.codes,
+              wts.w_rows)
     return _Facts(
         ((batch, seq, n_dirs, hidden) if lay else (seq, n_dirs, batch, hidden))
         if spec.want_y else None,
