@@ -120,7 +120,7 @@ def depthwise_planes(x, w, bias, params, c0, c1, out):
     acc = np.empty(span, x.dtype)
     for b in range(n):
         for c in range(c0, c1):
-            _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen)
+            _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen, 0)
             bv = bias[c]
             for i in range(span):
                 acc[np.uintp(i)] = bv
@@ -137,11 +137,12 @@ def depthwise_planes(x, w, bias, params, c0, c1, out):
 
 
 @_helper
-def _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen):
-    """buf's sh * sw planes (hq, wq) <- channel c of image b, zero-padded, by stride phase."""
+def _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen, pad):
+    """buf's sh * sw planes (hq, wq) <- channel c of image b, padded with `pad`, by stride
+    phase."""
     h, wd = x.shape[2], x.shape[3]
     for i in range(buf.size):
-        buf[np.uintp(i)] = 0
+        buf[np.uintp(i)] = pad
     for py in range(sh):
         for px in range(sw):
             base = (py * sw + px) * plen
@@ -156,3 +157,38 @@ def _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen):
                 row = base + qy * wq
                 for qx in range(lo, hi):
                     buf[np.uintp(row + qx)] = x[b, c, iy, np.uintp(qx * sw + px - pl)]
+
+
+def maxpool_planes(x, kernel, params, c0, c1, out):
+    """Channels [c0, c1) of a 2-D MaxPool (no indices) over stride-phase planes padded with
+    -inf: each kernel tap is one contiguous span of one plane (see depthwise_planes).
+    kernel = (kh, kw); a NaN in a window makes its maximum NaN, as np.maximum does in the
+    separable numpy kernel."""
+    sh, sw, dh, dw, pt, pl = params
+    kh, kw = kernel
+    n = x.shape[0]
+    oh, ow = out.shape[2], out.shape[3]
+    hq = oh + ((kh - 1) * dh) // sh
+    wq = ow + ((kw - 1) * dw) // sw
+    plen = hq * wq + wq
+    span = oh * wq
+    buf = np.empty(sh * sw * plen, x.dtype)
+    acc = np.empty(span, x.dtype)
+    lowest = -np.inf
+    for b in range(n):
+        for c in range(c0, c1):
+            _fill_planes(x, b, c, buf, sh, sw, pt, pl, hq, wq, plen, lowest)
+            for i in range(span):
+                acc[np.uintp(i)] = lowest
+            for ky in range(kh):
+                for kx in range(kw):
+                    ph = ((ky * dh) % sh) * sw + (kx * dw) % sw
+                    start = ph * plen + ((ky * dh) // sh) * wq + (kx * dw) // sw
+                    for i in range(span):
+                        v = buf[np.uintp(start + i)]
+                        a = acc[np.uintp(i)]
+                        if a == a and not v <= a:  # a NaN max stays; a NaN v wins
+                            acc[np.uintp(i)] = v
+            for oy in range(oh):
+                for ox in range(ow):
+                    out[b, c, oy, np.uintp(ox)] = acc[np.uintp(oy * wq + ox)]

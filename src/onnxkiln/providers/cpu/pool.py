@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu._gemm import split_ranges
 from onnxkiln.providers.cpu._window import (
     Geometry,
     compute_dtype,
@@ -32,6 +35,7 @@ __all__ = [
 ]
 
 _I64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,8 @@ def max_pool(info: NodeInfo):
 
     extra = (None,) * max(0, info.n_outputs - 1)
 
+    fast = None if want_indices else _numba.lazy("maxpool_planes", _F32)
+
     def body(x: np.ndarray, plan: _PoolPlan):
         geo = plan.geo
         if want_indices:
@@ -190,7 +196,51 @@ def max_pool(info: NodeInfo):
             y = x.copy()
         return (y.astype(x.dtype, copy=False), *extra)
 
-    return _pool_kernel(build, body)
+    run = _pool_kernel(build, body)
+    generic = run.specialize
+
+    def specialize(dtypes, shapes, consts):
+        """float32 2-D pooling without indices: the numba stride-phase kernel, channels
+        split across the pool; else the separable plan."""
+        sx = shapes[0]
+        if (fast is None or sx is None or len(sx) != 4 or dtypes[0] != _F32
+                or not fast.ready()):
+            return generic(dtypes, shapes, consts)
+        geo = _pool_geometry(attrs, sx)
+        call = _maxpool_call(fast.fn, geo, (*sx[:2], *geo.out))
+        return lambda x: (call(x), *extra)
+
+    run.specialize = specialize
+    return run
+
+
+def _maxpool_call(fn, geo: Geometry, out_shape: tuple[int, ...]):
+    """A 2-D MaxPool of one shape through the numba kernel, channels split across the pool."""
+    channels = out_shape[1]
+    params = (*geo.strides, *geo.dilations, *geo.pads_begin)
+    ranges = ((0, channels),)
+    if active_threads() > 1 and math.prod(out_shape) * math.prod(geo.kernel) >= 50_000:
+        ranges = split_ranges(channels, min(2 * active_threads(), max(1, channels // 8)), 8)
+
+    def call(x: np.ndarray) -> np.ndarray:
+        x4 = np.ascontiguousarray(x)
+        out = np.empty(out_shape, x4.dtype)
+        parallel_for(len(ranges), lambda i: fn(x4, geo.kernel, params, *ranges[i], out))
+        return out
+
+    return call
+
+
+def _maxpool_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    i64 = types.int64
+    return (types.Array(types.float32, 4, "C", readonly=True), types.UniTuple(i64, 2),
+            types.UniTuple(i64, 6), i64, i64, types.Array(types.float32, 4, "C"))
+
+
+_numba.register("maxpool_planes", "onnxkiln.providers.cpu._numba_conv", _maxpool_signature,
+                (_F32,), {"reassoc", "contract", "nsz", "arcp"})
 
 
 # ---------------------------------------------------------------------------- AveragePool / LpPool
