@@ -4,6 +4,7 @@ No export venv needed; timings are only checked for sanity."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -124,6 +125,14 @@ def test_compare_flags_shape_changes_nans_and_large_differences():
     assert not harness.compare([a + 0.01], [a])["ok"]
     assert harness.compare([a * 1000 + 0.01], [a * 1000])["ok"]  # relative to the scale
     assert not harness.compare([a], [a, a])["ok"]
+
+
+def test_rounds_fit_the_budget():
+    assert harness.rounds_for(0.01, 10, 4.0, 3) == 10  # fast: capped by --repeat
+    assert harness.rounds_for(1.0, 10, 4.0, 3) == 4
+    assert harness.rounds_for(3.0, 10, 4.0, 3) == 3  # slow: at least 3
+    assert harness.rounds_for(9.0, 10, 4.0, 3) == 2  # one round > twice the budget
+    assert harness.rounds_for(1.0, 1, 4.0, 3) == 1
 
 
 def test_feeds_follow_the_manifest(cache):
@@ -260,6 +269,33 @@ def test_suite_flag_dispatch():
     assert split_suite(["--suite", "exported", "--quick"]) == ("exported", ["--quick"])
     assert split_suite(["--suite=exported"]) == ("exported", [])
     assert split_suite(["--quick"]) == ("realistic", ["--quick"])
+
+
+def test_build_exports_once_and_records_failures(tmp_path, monkeypatch):
+    logs: list[str] = []
+    data = build.build(tmp_path, ["sk-pca"], False, 300, logs.append)
+    entry = data["models"][0]
+    assert entry["name"] == "sk-pca" and (tmp_path / entry["file"]).is_file()
+    assert entry["inputs"][0]["shape"] == ["batch", 50] and entry["opset"] and entry["nodes"]
+    assert entry["spec_hash"] == build.spec_hash(next(s for s in catalog.SPECS
+                                                       if s.name == "sk-pca"))
+    build.build(tmp_path, ["sk-pca"], False, 300, logs.append)
+    assert logs[-1] == "  sk-pca: up to date"
+    crashed = build._export_in_child(dataclasses.replace(catalog.SPECS[-1], name="gone"),
+                                     tmp_path, 60)  # the child cannot find it: exits non-zero
+    assert crashed["name"] == "gone" and "StopIteration" in crashed["error"]
+
+
+def test_an_export_error_becomes_the_models_failure_record(tmp_path, monkeypatch):
+    from bench.exported import sk_models
+
+    def broken(config):
+        raise ValueError("the converter\x1b[96m refused\x1b[0m")
+
+    monkeypatch.setattr(sk_models, "pca", broken)
+    result = tmp_path / "r.json"
+    assert build.main(["--out", str(tmp_path), "--one", "sk-pca", "--result", str(result)]) == 0
+    assert json.loads(result.read_text()) == {"error": "ValueError: the converter refused"}
 
 
 def test_catalog_is_consistent():

@@ -48,10 +48,23 @@ def versions(spec: Spec) -> dict[str, str | None]:
     return out
 
 
+DESCRIPTIVE = ("family", "size", "runs", "quick", "notes")
+"""Spec fields that do not change the exported file: refreshed in place, no re-export."""
+
+
 def spec_hash(spec: Spec) -> str:
-    """What an export depends on: the spec, the builder version, the packages' versions."""
-    key = json.dumps([asdict(spec), BUILD_VERSION, versions(spec)], sort_keys=True)
+    """What an export depends on: the spec's builder, config and exporter, the builder
+    version, the packages' versions."""
+    fields = {k: v for k, v in asdict(spec).items() if k not in DESCRIPTIVE}
+    key = json.dumps([fields, BUILD_VERSION, versions(spec)], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def describe_spec(spec: Spec) -> dict[str, Any]:
+    """The manifest fields that come from the Spec as it is now."""
+    return {"name": spec.name, "family": spec.family, "size": spec.size,
+            "exporter": spec.exporter, "notes": spec.notes, "runs": list(spec.runs),
+            "quick": spec.quick}
 
 
 # --- one model (child process) --------------------------------------------------------------
@@ -133,10 +146,9 @@ def export_one(spec: Spec, out: Path) -> dict[str, Any]:
     start = time.perf_counter()
     described = (export_sklearn if spec.exporter == "skl2onnx" else export_torch)(spec, path)
     seconds = time.perf_counter() - start
-    return {"name": spec.name, "family": spec.family, "size": spec.size, "file": path.name,
-            "exporter": spec.exporter, "notes": spec.notes, "versions": versions(spec),
-            **described, **check(path, described), "runs": list(spec.runs),
-            "quick": spec.quick, "spec_hash": spec_hash(spec), "export_s": round(seconds, 1),
+    return {**describe_spec(spec), "file": path.name, "versions": versions(spec),
+            **described, **check(path, described), "spec_hash": spec_hash(spec),
+            "export_s": round(seconds, 1),
             "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -200,6 +212,7 @@ def build(out: Path, names: list[str] | None, force: bool, timeout_s: float,
     failed = {e["name"]: e for e in cache["failed"]}
     for spec in select(names):
         if not force and _up_to_date(spec, entries.get(spec.name), out):
+            entries[spec.name].update(describe_spec(spec))
             log(f"  {spec.name}: up to date")
             continue
         if not force and failed.get(spec.name, {}).get("spec_hash") == spec_hash(spec):

@@ -36,7 +36,7 @@ def batches(sizes: tuple[int, ...] = (1, 4), **dims: int) -> tuple[dict[str, Any
 
 
 _BN = {"batchnorm": "calibrated"}  # see models.calibrate_batchnorm
-_EAGER = "attn_implementation='eager' (the sdpa path does not trace)"
+_EAGER = "attn_implementation='eager'"
 BERT_SMALL = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
               "intermediate_size": 512}
 GPT2_SMALL = {"n_embd": 128, "n_layer": 4, "n_head": 4}
@@ -55,8 +55,8 @@ def _both(name: str, family: str, size: str, builder: str, config: dict[str, Any
           runs: tuple[dict[str, Any], ...], quick: bool = False, notes: str = "",
           exporters: tuple[str, ...] = ("torchscript", "dynamo")) -> list[Spec]:
     short = {"torchscript": "ts", "dynamo": "dynamo"}
-    return [Spec(f"{name}-{short[e]}", family, size, e, builder, config, runs, quick,
-                 notes if e == "torchscript" else "") for e in exporters]
+    return [Spec(f"{name}-{short[e]}", family, size, e, builder, config, runs, quick, notes)
+            for e in exporters]
 
 
 TS = ("torchscript",)
@@ -74,7 +74,7 @@ SPECS: list[Spec] = [
            "over a list of images"),
     *_both("bert-small", "bert", "small", "bert", BERT_SMALL, TEXT, quick=True, notes=_EAGER),
     *_both("bert-base", "bert", "base", "bert", {}, TEXT, notes=_EAGER),
-    *_both("distilbert-base", "distilbert", "base", "distilbert", {}, TEXT,
+    *_both("distilbert-base", "distilbert", "base", "distilbert", {}, TEXT, notes=_EAGER,
            exporters=("dynamo",)),
     *_both("gpt2-small-prefill", "gpt2", "small", "gpt2_prefill", GPT2_SMALL, TEXT,
            quick=True, notes=_EAGER),

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     _env.unpin(["--suite", "exported", *argv], keep_env=args.keep_env)
-    results = run(args, out=print, argv=argv)
+    results = run(args, out=lambda line: print(line, flush=True), argv=argv)
     return 0 if results["ok"] else 1
 
 
@@ -121,22 +121,13 @@ def run(args: argparse.Namespace, out: Callable[[str], Any] = print,
     out(report.header(results))
     start = time.perf_counter()
     for entry in entries:
-        before = _env.wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else _load_now()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")  # numpy warnings from kernels: worth seeing
-            rows = bench_entry(entry, Path(args.cache), threads, repeat, args, rng)
+            bench_model(entry, threads, repeat, args, rng, results, out)
         seen = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
-        for row in rows:
-            row["other_load_cores_before"] = before
-            row["warnings"] = seen[:10]
-            out(report.row_line(row))
-        results["rows"] += rows
-        if not args.no_creation and _loads(rows):
-            results["creation"].append(_creation(entry, args, repeat, rng))
-            out(report.creation_line(results["creation"][-1]))
-        if args.contention and _loads(rows):
-            results["contention"].append(_contention(entry, args, repeat, rng))
-            out(report.contention_line(results["contention"][-1]))
+        for row in results["rows"]:
+            if row["model"] == entry["name"]:
+                row["warnings"] = seen[:10]
         gc.collect()
     results["summary"] = report.summarize(results)
     results["finished"], results["seconds"] = _now(), time.perf_counter() - start
@@ -148,6 +139,26 @@ def run(args: argparse.Namespace, out: Callable[[str], Any] = print,
         Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
         out(f"\nresults written to {args.json}")
     return results
+
+
+def bench_model(entry: dict[str, Any], threads: list[int], repeat: int,
+                args: argparse.Namespace, rng: random.Random, results: dict[str, Any],
+                out: Callable[[str], Any]) -> None:
+    """Everything for one model: its rows, then creation and contention if both load."""
+    start = time.perf_counter()
+    before = _env.wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else _load_now()
+    rows = bench_entry(entry, Path(args.cache), threads, repeat, args, rng)
+    for row in rows:
+        row["other_load_cores_before"] = before
+        out(report.row_line(row))
+    results["rows"] += rows
+    if not args.no_creation and _loads(rows):
+        results["creation"].append(_creation(entry, args, repeat, rng))
+        out(report.creation_line(results["creation"][-1]))
+    if args.contention and _loads(rows):
+        results["contention"].append(_contention(entry, args, repeat, rng))
+        out(report.contention_line(results["contention"][-1]))
+    results.setdefault("seconds_per_model", {})[entry["name"]] = time.perf_counter() - start
 
 
 def bench_entry(entry: dict[str, Any], cache: Path, threads: list[int], repeat: int,
@@ -198,7 +209,7 @@ def _creation(entry: dict[str, Any], args: argparse.Namespace, repeat: int,
     run = entry["runs"][0]
     feeds = manifest.make_feeds(entry, run["dims"], args.seed)
     result = creation.measure(Path(args.cache), entry, run["dims"], feeds, 1,
-                              2 if args.quick else 3, args.gap_ms / 1e3, rng)
+                              2 if args.quick else 3, args.gap_ms / 1e3, rng, 2 * args.budget)
     return {"model": entry["name"], "run": run["label"], **result}
 
 

@@ -71,13 +71,15 @@ def warm(path: Path, feeds: dict[str, np.ndarray], threads: int, repeat: int, ga
 
 
 def measure(cache: Path, entry: dict[str, Any], dims: dict[str, int], feeds: dict, threads: int,
-            repeat: int, gap_s: float, rng: random.Random) -> dict[str, Any]:
+            repeat: int, gap_s: float, rng: random.Random, budget_s: float = 20.0
+            ) -> dict[str, Any]:
     """Fresh-process and warm creation for both runtimes; errors recorded, not raised."""
     out: dict[str, Any] = {"threads": threads, "dims": dims, "fresh": {}, "warm_repeat": repeat}
     for runtime in harness.RUNTIMES:
         out["fresh"][runtime] = fresh(runtime, cache, entry, dims, threads)
     try:
-        out["warm"] = warm(manifest.model_path(cache, entry), feeds, threads, repeat, gap_s, rng)
+        out["warm"] = warm(manifest.model_path(cache, entry), feeds, threads, repeat, gap_s, rng,
+                           budget_s)
     except Exception as e:  # a runtime that cannot load it: the timed runs say so too
         out["warm"] = {"error": harness.describe(e, "warm creation")}
     return out

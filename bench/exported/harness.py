@@ -111,9 +111,13 @@ def _diff(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def rounds_for(estimate_s: float, repeat: int, budget_s: float, least: int) -> int:
-    """Timed rounds: as many as fit in `budget_s`, at least `least`, at most `repeat`."""
+    """Timed rounds: as many as fit in `budget_s`, at most `repeat`, at least `least`, or
+    2 when one round alone takes over twice the budget (the slowest models, where the
+    spread matters little next to the ratio)."""
     if estimate_s <= 0:
         return repeat
+    if estimate_s > 2 * budget_s:
+        least = min(least, 2)
     return max(min(least, repeat), min(repeat, int(budget_s / estimate_s)))
 
 

@@ -154,7 +154,8 @@ def _hf(config_class: str, model_class: str, config: dict[str, Any]) -> tuple[An
 
 
 def _summary(cfg: Any, keys: tuple[str, ...], model: nn.Module) -> dict[str, Any]:
-    return {**{k: getattr(cfg, k) for k in keys}, "params": _params(model)}
+    return {**{k: getattr(cfg, k) for k in keys}, "params": _params(model),
+            "attn_implementation": "eager"}
 
 
 def _cache_kw(model: nn.Module) -> str:
