@@ -36,7 +36,8 @@ def batches(sizes: tuple[int, ...] = (1, 4), **dims: int) -> tuple[dict[str, Any
 
 
 _BN = {"batchnorm": "calibrated"}  # see models.calibrate_batchnorm
-_EAGER = "attn_implementation='eager'"
+_EAGER = ("attn_implementation='eager' (under the TorchScript exporter the sdpa path traces "
+          "shape-dependent Python branches, e.g. is_causal, as constants)")
 BERT_SMALL = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
               "intermediate_size": 512}
 GPT2_SMALL = {"n_embd": 128, "n_layer": 4, "n_head": 4}
