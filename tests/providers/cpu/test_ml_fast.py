@@ -273,6 +273,51 @@ def test_normalizer(numba_on, monkeypatch, norm, dtype, shape):
     both(monkeypatch, model, {"x": x}, ort=ort)
 
 
+def _specialised_runs(model, feeds):
+    """(first run: generic kernel, third run: the signature's specialisation, its entry)."""
+    session = InferenceSession.builder().from_graph(model)
+    first = session.run(feeds)
+    session.run(feeds)
+    third = session.run(feeds)
+    entry = next(iter(session._cache._entries.values()))
+    assert entry.compiled is not None
+    return first, third, entry
+
+
+@pytest.mark.parametrize("case", ["binary", "multi", "regressor", "v5-f16", "v5-f64-1d",
+                                  "int64-3d"])
+def test_tree_specialisations_match_the_generic_run(numba_on, case):
+    rng = np.random.default_rng(44)
+    if case in ("binary", "multi", "int64-3d"):
+        k = 2 if case == "binary" else 3
+        attrs = random_forest_classifier(rng, 10, k, n_feat=6)
+        x = x_with_nan(rng, 12, 6, nan=0.0)
+        if case == "int64-3d":
+            x = rng.integers(-2, 3, (4, 2, 3)).astype(np.int64)
+        model = ml_model("TreeEnsembleClassifier", {"x": x}, 2, post_transform="SOFTMAX",
+                         classlabels_int64s=list(range(k)), **attrs)
+    elif case == "regressor":
+        x = x_with_nan(rng, 9, 4, nan=0.2)
+        model = ml_model("TreeEnsembleRegressor", {"x": x}, n_targets=3,
+                         post_transform="LOGISTIC", base_values=[0.5, -0.5, 0.25],
+                         **regressor_attrs(rng, tuple(MODES), missing=True))
+    else:
+        dtype = np.float16 if case == "v5-f16" else np.float64
+        x = x_with_nan(rng, 1 if case.endswith("1d") else 11, 5, dtype, nan=0.1)
+        if case.endswith("1d"):
+            x = x.reshape(5)
+        model = ml_model("TreeEnsemble", {"x": x}, ml=5,
+                         **to_v5(gradient_boosting(rng, 9, depth=4), dtype=dtype))
+    first, third, entry = _specialised_runs(model, {"x": x})
+    assert entry.kernels == 1
+    for a, b in zip(first, third):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    if case in ("binary", "multi", "regressor"):  # onnxruntime takes X only as 2-D floats
+        for a, want in zip(third, run_ort(model, {"x": x})):
+            np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6)
+
+
 def test_cycle_falls_back_and_is_reported(numba_on):
     attrs = {
         "nodes_treeids": [0, 0, 0], "nodes_nodeids": [0, 1, 2],

@@ -34,7 +34,7 @@ BASE_NONE, BASE_SCORED, BASE_ALL = range(3)
 # walk kinds: all nodes LEQ / LT (NaN follows the comparison), the same with per-node NaN
 # routing, or anything (per-node mode, EQ, MEMBER)
 WALK_LEQ, WALK_LT, WALK_LEQ_NAN, WALK_LT_NAN, WALK_ANY = range(5)
-G = 8  # pairs walked in lockstep
+G = 8  # pairs walked in lockstep (_walk8 holds them in registers)
 BLOCK = 64  # samples per block when walking tree by tree
 
 
@@ -118,9 +118,28 @@ def _add_leaf(out, has, s, iv, fv, leaf, agg, track, lptr, ltgt, lval):
 
 
 @_jit(inline="always")
+def _walk8(x, rows, iv, fv, c, levels, on, leq, nan):
+    """`levels` steps of 8 walks at once: nodes c (a tuple of 8) for the samples rows (a
+    tuple of 8); eight independent chains held in registers for the CPU to overlap."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = c
+    r0, r1, r2, r3, r4, r5, r6, r7 = rows
+    for _ in range(levels):
+        c0 = _step(x, r0, iv, fv, c0, on, leq, nan)
+        c1 = _step(x, r1, iv, fv, c1, on, leq, nan)
+        c2 = _step(x, r2, iv, fv, c2, on, leq, nan)
+        c3 = _step(x, r3, iv, fv, c3, on, leq, nan)
+        c4 = _step(x, r4, iv, fv, c4, on, leq, nan)
+        c5 = _step(x, r5, iv, fv, c5, on, leq, nan)
+        c6 = _step(x, r6, iv, fv, c6, on, leq, nan)
+        c7 = _step(x, r7, iv, fv, c7, on, leq, nan)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@_jit(inline="always")
 def _lockstep(x, iv, fv, out, has, leq, nan):
-    """Walk every (sample, tree) pair G at a time; `leq` and `nan` are constants at each
-    call site, so every walk kind gets its own branch-free inner loop."""
+    """Walk every (sample, tree) pair 8 at a time; `leq` and `nan` are constants at each
+    call site, so every walk kind gets its own branch-free inner loop. A group short of 8
+    pads with a pseudo leaf (few trees) or repeats its last sample (few samples)."""
     n = x.shape[0]
     agg, n_trees, m = iv[AGG], iv[TREES], iv[INTERIOR]
     on, roots, depths = iv[NODES], iv[ROOTS], iv[DEPTHS]
@@ -129,17 +148,18 @@ def _lockstep(x, iv, fv, out, has, leq, nan):
     cur = np.empty(G, np.int64)
     if n < G:  # G trees of one sample at a time
         for s in range(n):
+            rows = (s, s, s, s, s, s, s, s)
             for t0 in range(0, n_trees, G):
                 g = min(G, n_trees - t0)
                 levels = 0
+                for i in range(G):
+                    cur[i] = iv[roots + t0 + i] if i < g else m
+                    if i < g:
+                        levels = max(levels, iv[depths + t0 + i])
+                c = (cur[0], cur[1], cur[2], cur[3], cur[4], cur[5], cur[6], cur[7])
+                c = _walk8(x, rows, iv, fv, c, levels, on, leq, nan)
                 for i in range(g):
-                    cur[i] = iv[roots + t0 + i]
-                    levels = max(levels, iv[depths + t0 + i])
-                for _ in range(levels):
-                    for i in range(g):
-                        cur[i] = _step(x, s, iv, fv, cur[i], on, leq, nan)
-                for i in range(g):
-                    _add_leaf(out, has, s, iv, fv, cur[i] - m, agg, track, lptr, ltgt, lval)
+                    _add_leaf(out, has, s, iv, fv, c[i] - m, agg, track, lptr, ltgt, lval)
         return
     for s0 in range(0, n, BLOCK):  # one tree for G samples at a time, all trees per block
         s1 = min(n, s0 + BLOCK)
@@ -147,13 +167,14 @@ def _lockstep(x, iv, fv, out, has, leq, nan):
             root, levels = iv[roots + t], iv[depths + t]
             for g0 in range(s0, s1, G):
                 g = min(G, s1 - g0)
+                last = s1 - 1
+                rows = (g0, min(g0 + 1, last), min(g0 + 2, last), min(g0 + 3, last),
+                        min(g0 + 4, last), min(g0 + 5, last), min(g0 + 6, last),
+                        min(g0 + 7, last))
+                c = _walk8(x, rows, iv, fv, (root, root, root, root, root, root, root, root),
+                           levels, on, leq, nan)
                 for i in range(g):
-                    cur[i] = root
-                for _ in range(levels):
-                    for i in range(g):
-                        cur[i] = _step(x, g0 + i, iv, fv, cur[i], on, leq, nan)
-                for i in range(g):
-                    _add_leaf(out, has, g0 + i, iv, fv, cur[i] - m, agg, track, lptr, ltgt,
+                    _add_leaf(out, has, g0 + i, iv, fv, c[i] - m, agg, track, lptr, ltgt,
                               lval)
 
 

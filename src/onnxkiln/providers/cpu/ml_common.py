@@ -222,25 +222,41 @@ class Finish:
                 self._fns[dtype] = handle
 
     def __call__(self, scores: np.ndarray, has: np.ndarray | None):
-        if self.mode == _REGRESS and (self.post == "NONE" or (
-                scores.shape[1] == 1 and self.post != "PROBIT")):
-            return scores.astype(self.out_dtype, copy=False)  # nothing to transform
-        handle = self._fns.get(scores.dtype)
+        fast = self.bound(scores.dtype, scores.shape[1])
+        self.fast_used = fast is not None and not self._nothing_to_do(scores.shape[1])
+        return self._numpy(scores, has) if fast is None else fast(scores, has)
+
+    def _nothing_to_do(self, k: int) -> bool:
+        return self.mode == _REGRESS and (self.post == "NONE" or (k == 1 and self.post != "PROBIT"))
+
+    def bound(self, dtype: np.dtype, k: int):
+        """The finishing of [N, k] scores of `dtype` with everything but the scores and
+        has-mask bound: the numba call, a dtype conversion when there is nothing to
+        transform, or None for the numpy path."""
+        if self._nothing_to_do(k):
+            out_dtype = self.out_dtype
+            return lambda scores, has: scores.astype(out_dtype, copy=False)
+        handle = self._fns.get(dtype)
         if handle is None or not handle.ready():
-            self.fast_used = False
             if handle is not None:
                 self.reason = handle.reason
-            return self._numpy(scores, has)
-        self.fast_used = True
-        fn = handle.fn
-        n, k = scores.shape
-        z = np.empty((n, k), _F32)
-        lab = np.empty(n, _I64)
-        fn(scores, _NO_HAS if has is None else has.view(np.uint8),
-           self._fi[has is not None], self._fb, z, lab)
-        if self.mode == _REGRESS:
-            return z.astype(self.out_dtype, copy=False)
-        return (self.binary.pair if self.binary else self.labels)[lab], z
+            return None
+        fn, (fi_none, fi_rows), fb = handle.fn, self._fi, self._fb
+        regress, out_dtype = self.mode == _REGRESS, self.out_dtype
+        names = self.binary.pair if self.binary else self.labels
+        empty, f32, i64, u8 = np.empty, _F32, _I64, np.uint8
+
+        def finish(scores: np.ndarray, has: np.ndarray | None):
+            n = scores.shape[0]
+            z = empty((n, k), f32)
+            lab = empty(n, i64)
+            if has is None:
+                fn(scores, _NO_HAS, fi_none, fb, z, lab)
+            else:
+                fn(scores, has.view(u8), fi_rows, fb, z, lab)
+            return z.astype(out_dtype, copy=False) if regress else (names[lab], z)
+
+        return finish
 
     def _numpy(self, scores: np.ndarray, has: np.ndarray | None):
         if self.binary:

@@ -124,6 +124,7 @@ class Forest:
             self._members(members)
         self._op_name = op.lower()
         self._fn = None  # the compiled walk, once the first run loaded it
+        self._bound = None  # scores() on the numba path, once bound
         self.fast = self._fast_handle()
 
     def _members(self, members: list[np.ndarray]) -> None:
@@ -245,16 +246,32 @@ class Forest:
         and, unless every leaf scores every target, which targets got a weight [N, K] bool
         (None means all)."""
         self.check_features(x)
+        fast = self._bound or self.bound()
+        return self._scores_numpy(x) if fast is None else fast(x)
+
+    def bound(self):
+        """`scores` on the numba path with everything but X bound (no checks: X is [N, F]
+        with enough features, in the compare dtype), or None for the numpy path."""
+        if self._bound is not None:
+            return self._bound
         fn = self._fn or self.kernel()
         if fn is None:
-            return self._scores_numpy(x)
-        n, k = x.shape[0], self.leaf_values.shape[1]
-        out = np.zeros((n, k), dtype=self.dtype)
+            return None
+        iv, fv, dt, k = self._iv, self._fv, self.dtype, self.leaf_values.shape[1]
         none = self._has_none()
-        has = self._no_has if none and self.aggregate in ("SUM", "AVERAGE") else \
-            np.zeros((n, k), dtype=np.uint8)
-        fn(np.ascontiguousarray(x), self._iv, self._fv, out, has)
-        return out, (None if none or self.base_all else has.view(bool))
+        track = not none or self.aggregate in ("MIN", "MAX")
+        give = not (none or self.base_all)
+        no_has, zeros, contiguous, u8 = self._no_has, np.zeros, np.ascontiguousarray, np.uint8
+
+        def scores(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            n = x.shape[0]
+            out = zeros((n, k), dt)
+            has = zeros((n, k), u8) if track else no_has
+            fn(contiguous(x), iv, fv, out, has)
+            return out, (has.view(bool) if give else None)
+
+        self._bound = scores
+        return scores
 
     def _has_none(self) -> bool:
         """Whether every (sample, target) gets a weight: every leaf scores every target."""

@@ -7,7 +7,8 @@ post-transforms follow onnxruntime's tree aggregators.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,38 @@ def _scores(run: Any, forest: Forest, v: np.ndarray) -> tuple[np.ndarray, np.nda
     return out
 
 
+def _specializer(forest_for: Callable[[np.dtype], Forest],
+                 finish_for: Callable[[np.dtype, Forest], Finish], kinds: str = "fiu"):
+    """specialize() of a tree kernel: for one input dtype and shape, the numba walk and
+    finishing with their state bound, X only reshaped to [N, F] and converted (the checks
+    the generic run makes hold for the whole signature). None: keep the generic run."""
+
+    def specialize(dtypes, shapes, consts):
+        dt, shape = dtypes[0], shapes[0]
+        if shape is None or dt.kind not in kinds:
+            return None
+        cdt = _F64 if dt == _F64 else _F32
+        forest = forest_for(cdt)
+        n = shape[0] if len(shape) >= 2 else 1
+        rows = (n, math.prod(shape[1:]) if len(shape) >= 2 else math.prod(shape))
+        if rows[1] < forest.n_features:
+            return None
+        scores = forest.bound()
+        finish = finish_for(dt, forest).bound(cdt, forest.leaf_values.shape[1])
+        if scores is None or finish is None:
+            return None
+        flat = len(shape) != 2
+
+        def run(x):
+            v = x.reshape(rows) if flat else x
+            return finish(*scores(v if v.dtype == cdt else v.astype(cdt)))
+
+        run.variant, run.variant_reason = forest.variant, None
+        return run
+
+    return specialize
+
+
 def _aggregate(value: Any, op: str) -> str:
     name = attr_str(value) if value is not None else "SUM"
     if isinstance(name, (int, np.integer)):
@@ -171,6 +204,7 @@ def tree_ensemble_regressor(info: NodeInfo):
         v = _compare_input(x, op)
         return finish(*_scores(run, forest(v.dtype), v))
 
+    run.specialize = _specializer(forest, lambda dt, f: finish)
     return run
 
 
@@ -212,6 +246,7 @@ def tree_ensemble_classifier(info: NodeInfo):
         v = _compare_input(x, op)
         return finish(*_scores(run, forest(v.dtype), v))
 
+    run.specialize = _specializer(forest, lambda dt, f: finish)
     return run
 
 
@@ -295,6 +330,13 @@ def tree_ensemble(info: NodeInfo):
                                  missing, roots, leaf_values, leaf_has, aggregate, members)
         return forests[dt]
 
+    def finish_for(x_dtype: np.dtype, f: Forest) -> Finish:
+        finish = finishes.get(x_dtype)
+        if finish is None:  # the output is in X's type
+            finish = finishes[x_dtype] = Finish(post, out_dtype=x_dtype)
+        finish.prepare(f.dtype, f.fast is not None)
+        return finish
+
     def run(x):
         if x.dtype.kind != "f":
             raise ValueError(f"{op}: X must be float16, float32 or float64, got {x.dtype}")
@@ -302,11 +344,9 @@ def tree_ensemble(info: NodeInfo):
         dt = _F64 if x.dtype == _F64 else _F32
         v = v.astype(dt, copy=False)
         f = forest(dt)
-        finish = finishes.get(x.dtype)
-        if finish is None:  # the output is in X's type
-            finish = finishes[x.dtype] = Finish(post, out_dtype=x.dtype)
-        finish.prepare(f.dtype, f.fast is not None)
+        finish = finish_for(x.dtype, f)
         scores, _ = _scores(run, f, v)
         return finish(scores, None)
 
+    run.specialize = _specializer(forest, finish_for, kinds="f")
     return run
