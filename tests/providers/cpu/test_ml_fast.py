@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from test_ml import (
     MODES,
     POSTS,
@@ -28,7 +29,7 @@ from test_ml import (
 from onnxkiln import InferenceSession
 from onnxkiln.errors import KernelError
 from onnxkiln.providers.cpu import _numba
-from onnxkiln.testing import run_ort
+from onnxkiln.testing import run_ort, tensor_info
 from onnxkiln.trace import TraceContext
 
 BATCHES = [0, 1, 5, 8, 70, 130]  # below and above the lockstep width (8) and block (64)
@@ -316,6 +317,22 @@ def test_tree_specialisations_match_the_generic_run(numba_on, case):
     if case in ("binary", "multi", "regressor"):  # onnxruntime takes X only as 2-D floats
         for a, want in zip(third, run_ort(model, {"x": x})):
             np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 6), (2, 3, 6)])
+def test_array_feature_extractor_specialises_on_constant_indices(shape):
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    idx = np.array([4, 0, 4, 2], np.int64)
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "idx"], ["z"], domain="ai.onnx.ml")
+    graph = helper.make_graph([node], "afe", [tensor_info("x", x.dtype, x.shape)],
+                              [helper.make_value_info("z", onnx.TypeProto())],
+                              [numpy_helper.from_array(idx, "idx")])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("ai.onnx.ml", 3)])
+    first, third, entry = _specialised_runs(model, {"x": x})
+    assert entry.kernels == 1
+    np.testing.assert_array_equal(third[0], first[0])
+    np.testing.assert_array_equal(third[0], run_ort(model, {"x": x})[0])
 
 
 def test_cycle_falls_back_and_is_reported(numba_on):

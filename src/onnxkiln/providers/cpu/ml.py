@@ -423,15 +423,36 @@ def feature_vectorizer(info: NodeInfo):
 @kernel("ArrayFeatureExtractor", since=1, domain=ML)
 def array_feature_extractor(x, y):
     """Z = X[..., Y] on the last axis (a 1-D X gives [1, len(Y)])."""
-    idx = np.asarray(y, dtype=_I64).reshape(-1)
     if x.ndim == 0:
         raise ValueError("ArrayFeatureExtractor: X must have at least one dimension")
-    size = x.shape[-1]
+    z = np.take(x, _feature_indices(y, x.shape[-1]), axis=-1)
+    return z.reshape(1, -1) if x.ndim == 1 else z
+
+
+def _feature_indices(y: Any, size: int) -> np.ndarray:
+    idx = np.asarray(y, dtype=_I64).reshape(-1)
     if idx.size and (idx.min() < 0 or idx.max() >= size):
         bad = int(idx[(idx < 0) | (idx >= size)][0])
         raise IndexError(f"ArrayFeatureExtractor: index {bad} is out of range [0, {size})")
-    z = np.take(x, idx, axis=-1)
-    return z.reshape(1, -1) if x.ndim == 1 else z
+    return idx
+
+
+def _extractor_specialize(dtypes, shapes, consts):
+    """With constant indices Y (the usual case), checked once: one np.take a run."""
+    sx, y = shapes[0], consts[1]
+    if sx is None or len(sx) == 0 or y is None:
+        return None
+    idx = _feature_indices(y, sx[-1])
+    flat = len(sx) == 1
+
+    def run(x, y):
+        z = np.take(x, idx, axis=-1)
+        return z.reshape(1, -1) if flat else z
+
+    return run
+
+
+array_feature_extractor.specialize = _extractor_specialize
 
 
 # Map-typed ops (ZipMap, DictVectorizer, CastMap). Maps are Python dicts.
