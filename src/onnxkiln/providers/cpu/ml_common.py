@@ -195,9 +195,11 @@ class Finish:
     (`_numba_ml.ml_finish`, loaded on first use) where `prepare` gave a dtype, since the
     numpy version's dozen small array operations dominate a one-row run; numpy otherwise."""
 
-    def __init__(self, post: str, labels: np.ndarray | None = None, binary: Any = None,
-                 out_dtype: np.dtype = _F32) -> None:
-        self.post, self.labels, self.binary, self.out_dtype = post, labels, binary, out_dtype
+    def __init__(self, post: str, k: int, labels: np.ndarray | None = None,
+                 binary: Any = None, out_dtype: np.dtype = _F32) -> None:
+        """`k`: the score width (targets or classes)."""
+        self.post, self.k, self.labels, self.binary = post, k, labels, binary
+        self.out_dtype = out_dtype
         mode = _BINARY if binary else _MULTI if labels is not None else _REGRESS
         self.mode = mode
         rest, base = binary.params() if binary else ([-1, -1, 0, 0], np.zeros(2))
@@ -206,6 +208,7 @@ class Finish:
         self._fi = [np.asarray([*head, h, *rest], np.int32) for h in (0, 1)]
         self._fb = base
         self._fns: dict[np.dtype, Any] = {}
+        self._bounds: dict[np.dtype, Any] = {}  # bound(dtype), once made
         self.fast_used = False  # whether the last call ran in numba
         self.reason: str | None = _numba.disabled_reason()  # why not, when it did not
 
@@ -222,18 +225,25 @@ class Finish:
                 self._fns[dtype] = handle
 
     def __call__(self, scores: np.ndarray, has: np.ndarray | None):
-        fast = self.bound(scores.dtype, scores.shape[1])
-        self.fast_used = fast is not None and not self._nothing_to_do(scores.shape[1])
+        dt = scores.dtype
+        fast = self._bounds[dt] if dt in self._bounds else self.bound(dt)
+        self.fast_used = fast is not None and not self._nothing_to_do()
         return self._numpy(scores, has) if fast is None else fast(scores, has)
 
-    def _nothing_to_do(self, k: int) -> bool:
-        return self.mode == _REGRESS and (self.post == "NONE" or (k == 1 and self.post != "PROBIT"))
+    def _nothing_to_do(self) -> bool:
+        return self.mode == _REGRESS and (self.post == "NONE" or
+                                          (self.k == 1 and self.post != "PROBIT"))
 
-    def bound(self, dtype: np.dtype, k: int):
+    def bound(self, dtype: np.dtype):
         """The finishing of [N, k] scores of `dtype` with everything but the scores and
         has-mask bound: the numba call, a dtype conversion when there is nothing to
-        transform, or None for the numpy path."""
-        if self._nothing_to_do(k):
+        transform, or None for the numpy path. Made once per dtype."""
+        if dtype not in self._bounds:
+            self._bounds[dtype] = self._bind(dtype)
+        return self._bounds[dtype]
+
+    def _bind(self, dtype: np.dtype):
+        if self._nothing_to_do():
             out_dtype = self.out_dtype
             return lambda scores, has: scores.astype(out_dtype, copy=False)
         handle = self._fns.get(dtype)
@@ -241,7 +251,7 @@ class Finish:
             if handle is not None:
                 self.reason = handle.reason
             return None
-        fn, (fi_none, fi_rows), fb = handle.fn, self._fi, self._fb
+        fn, (fi_none, fi_rows), fb, k = handle.fn, self._fi, self._fb, self.k
         regress, out_dtype = self.mode == _REGRESS, self.out_dtype
         names = self.binary.pair if self.binary else self.labels
         empty, f32, i64, u8 = np.empty, _F32, _I64, np.uint8

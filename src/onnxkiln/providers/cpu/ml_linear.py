@@ -100,7 +100,7 @@ def linear_classifier(info: NodeInfo):
         raise ValueError(f"{op}: {n_classes} coefficient rows but {labels.size} class labels")
     w = _weights(coef, len(coef) // n_classes, op, dtype=_F32).T.copy()
     b = np.asarray(intercepts or [0.0] * n_classes, dtype=_F32)
-    finish = Finish(post, labels)  # argmax and post-transform, in numba when it is on
+    finish = Finish(post, n_classes, labels)  # argmax and post-transform, numba when on
     finish.prepare(_F32)
 
     def run(x):
@@ -151,7 +151,7 @@ def linear_regressor(info: NodeInfo):
     b = np.asarray(intercepts or [0.0] * targets, dtype=_F32)
     w = w.T.copy()
     post = post_transform(a.get("post_transform"), op)
-    finish = Finish(post)  # the post-transform, in numba when it is on
+    finish = Finish(post, targets)  # the post-transform, in numba when it is on
     finish.prepare(_F32)
 
     def run(x):

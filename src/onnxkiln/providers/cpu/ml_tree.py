@@ -150,7 +150,7 @@ def _specializer(forest_for: Callable[[np.dtype], Forest],
         if rows[1] < forest.n_features:
             return None
         scores = forest.bound()
-        finish = finish_for(dt, forest).bound(cdt, forest.leaf_values.shape[1])
+        finish = finish_for(dt, forest).bound(cdt)
         if scores is None or finish is None:
             return None
         flat = len(shape) != 2
@@ -190,7 +190,7 @@ def tree_ensemble_regressor(info: NodeInfo):
     if base is not None and base.size not in (0, k):
         raise ValueError(f"{op}: base_values has {base.size} values; expected 0 or {k}")
     forests: dict[np.dtype, Forest] = {}
-    finish = Finish(post)
+    finish = Finish(post, k)
 
     def forest(dt: np.dtype) -> Forest:
         if dt not in forests:
@@ -235,7 +235,7 @@ def tree_ensemble_classifier(info: NodeInfo):
             if not finishes:
                 binary = Binary(a, labels, strings, base, bool((w >= 0).all()), post,
                                 forests[dt]) if k == 2 else None
-                finishes.append(Finish(post, labels, binary))
+                finishes.append(Finish(post, k, labels, binary))
             finishes[0].prepare(forests[dt].dtype, forests[dt].fast is not None)
         return forests[dt]
 
@@ -333,7 +333,7 @@ def tree_ensemble(info: NodeInfo):
     def finish_for(x_dtype: np.dtype, f: Forest) -> Finish:
         finish = finishes.get(x_dtype)
         if finish is None:  # the output is in X's type
-            finish = finishes[x_dtype] = Finish(post, out_dtype=x_dtype)
+            finish = finishes[x_dtype] = Finish(post, k, out_dtype=x_dtype)
         finish.prepare(f.dtype, f.fast is not None)
         return finish
 
