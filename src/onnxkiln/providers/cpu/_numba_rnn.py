@@ -10,11 +10,13 @@ read where they lie and outputs written in place, in either layout.
 
 Activations by code: 0 sigmoid, 1 tanh, 2 relu, computed branch-free so the row loops
 vectorize (the default activations are passed as constants, which LLVM folds). float32
-sigmoid and tanh use exp(x) = p(r) 2^k (the range reduction and degree-7 polynomial of
-`_numba_jit`, 2^k from its float bits); tanh uses an odd polynomial for |x| < 0.55 (fitted
-for this module by weighted least squares in relative error against numpy's float64 tanh:
-max error 6.4e-8 evaluated in float32) and (1 - e)/(1 + e), e = exp(-2|x|), above; max
-relative error 2e-7 over [-20, 20]. float64 uses libm's exp and tanh.
+sigmoid is 1 / (1 + exp(-x)) with exp(x) = p(r) 2^k (the range reduction and degree-7
+polynomial of `_numba_jit`, 2^k from its float bits): relative error 2e-7 at every x.
+float32 tanh is x P(x^2) / Q(x^2) on |x| <= 9 (1 beyond, in float32), P and Q of degree 4,
+fitted for this module by iteratively reweighted (Lawson) linear least squares in relative
+error against numpy's float64 tanh: max relative error 3.4e-7 evaluated in float32. It
+costs 13 operations where an exp-based form costs 40: the LSTM gate loop ran 1.7x faster
+(6.5 -> 3.8 ns per element). float64 uses libm's exp and tanh.
 
 The recurrent product (`_recur`) has two forms, chosen per call by the caller (see
 `rnn_fast.product_mode`): 0 calls BLAS (np.dot of the state rows with R^T laid out
@@ -66,13 +68,17 @@ _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 _E7, _E6, _E5, _E4, _E3 = (np.float32(1.0 / f) for f in (5040, 720, 120, 24, 6))
-_F0, _F1, _F2, _HALF = np.float32(0.0), np.float32(1.0), np.float32(2.0), np.float32(0.5)
+_F0, _F1, _HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
 _SIG_CLAMP = np.float32(80.0)  # sigmoid(-80) = 1.8e-35 stays a normal float32 (no subnormals)
 _TANH_CLAMP = np.float32(9.0)  # tanh(9) rounds to 1 in float32
-_TANH_SMALL2 = np.float32(0.55 * 0.55)  # the odd polynomial below |x| = 0.55
-_T0, _T1, _T2, _T3, _T4 = (np.float32(c) for c in (
-    -0.3333332060761366, 0.13332699682015386, -0.05386507907406422, 0.021127241415368914,
-    -0.006356495873318797))
+_TANH_P = tuple(np.float32(c) for c in (
+    0.9999999795144952, 0.13381124162740374, 0.003495704732370933, 2.0610984336041202e-05,
+    1.3357264162461745e-08))
+_TANH_Q = tuple(np.float32(c) for c in (
+    1.0, 0.46714439796865775, 0.025877426866114255, 0.0003285824795675705,
+    7.777630551537129e-07))
+_P0, _P1, _P2, _P3, _P4 = _TANH_P
+_Q0, _Q1, _Q2, _Q3, _Q4 = _TANH_Q
 
 
 def _jit(fn=None, **extra):
@@ -125,12 +131,10 @@ def _sigmoid32(x):
 
 def _tanh32(x):
     x = _clip(x, _TANH_CLAMP)
-    ex = _exp32(-_F2 * abs(x))
-    big = (_F1 - ex) / (_F1 + ex)
     u = x * x
-    small = x + x * u * ((((_T4 * u + _T3) * u + _T2) * u + _T1) * u + _T0)
-    m = _F1 if u < _TANH_SMALL2 else _F0  # a 0/1 blend: both forms are computed
-    return m * small + (_F1 - m) * (big if x >= _F0 else -big)
+    p = (((_P4 * u + _P3) * u + _P2) * u + _P1) * u + _P0
+    q = (((_Q4 * u + _Q3) * u + _Q2) * u + _Q1) * u + _Q0
+    return _clip(x * p / q, _F1)  # the fit overshoots 1 by 2e-7 near 9
 
 
 def _sigmoid64(x):
