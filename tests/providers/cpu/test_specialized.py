@@ -280,7 +280,7 @@ def test_softmax_specialised(opset, axis, shape, threads):
 CONVS = [  # channels, size, kernel, stride, group (C = depthwise), batch, dilation
     (16, 30, 3, 2, 16, 1, 1), (64, 9, 5, 1, 64, 1, 1), (48, 20, 3, 1, 48, 2, 2),
     (8, 17, 3, 1, 1, 1, 1), (32, 12, 1, 2, 1, 1, 1), (32, 12, 1, 1, 1, 2, 1),
-    (12, 11, 3, 2, 3, 1, 1), (6, 40, 3, 1, 1, 1, 2)]
+    (12, 11, 3, 2, 3, 1, 1), (6, 40, 3, 1, 1, 1, 2), (8, 13, 3, 2, 1, 3, 1)]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

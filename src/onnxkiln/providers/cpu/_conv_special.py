@@ -3,9 +3,9 @@
 With constant weights and known shapes everything but the arithmetic is done once: the
 geometry, the weight matrix in the layout its path wants, the bias, the thread split.
 
-- 1x1 convs (one image, one group): one GEMM, W (M, C) @ X (C, H*W), split over output
-  columns across the pool.
-- im2col convs (one image, one group): the output rows are cut into chunks; each chunk
+- 1x1 convs (one group): one GEMM per image, W (M, C) @ X (C, H*W), split over output
+  columns across the pool; several images are split across the pool instead.
+- im2col convs (one group): the output rows are cut into chunks; each chunk
   copies its own im2col columns and multiplies them, so the chunks run in parallel and the
   columns stay in cache; a column chunk of a product computes the same bits as the whole.
 - depthwise 2-D convs with numba: `depthwise_planes` (stride-phase planes, long rows) or
@@ -28,7 +28,8 @@ from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._gemm import matmul_split, plan_split, split_ranges
 from onnxkiln.providers.cpu._window import Geometry, padded_copy
 
-__all__ = ["CL_MAX_POSITIONS", "depthwise_call", "im2col_call", "one_by_one_call"]
+__all__ = ["CL_MAX_POSITIONS", "depthwise_call", "im2col_call", "one_by_one_call",
+           "per_image_call"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -66,13 +67,13 @@ def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
     index = (Ellipsis, *(slice(None, None, s) for s in geo.strides))
     b = None if bias is None else bias.reshape(m, 1)
 
-    def run(x: np.ndarray, *_: object) -> np.ndarray:
+    def run(x: np.ndarray, *_: object, out: np.ndarray | None = None) -> np.ndarray:
         if strided:
             x = x[index]
         xm = x.reshape(c, positions)
         if xm.dtype != wm.dtype:
             xm = xm.astype(wm.dtype)
-        y = matmul_split(wm, xm, split)
+        y = matmul_split(wm, xm, split, None if out is None else out.reshape(m, positions))
         if b is not None:
             y += b
         return y.reshape(out_shape)
@@ -94,7 +95,7 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
     b = None if bias is None else bias.reshape(m, 1)
     dt = wm.dtype
 
-    def run(x: np.ndarray, *_: object) -> np.ndarray:
+    def run(x: np.ndarray, *_: object, out: np.ndarray | None = None) -> np.ndarray:
         xp = padded_copy(x, geo, 0, dt) if geo.needs_pad else x
         xp = xp[0]  # (C, *padded)
         s_c, *s_sp = xp.strides
@@ -103,7 +104,7 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
             strides=(s_c, *(s * d for s, d in zip(s_sp, geo.dilations)),
                      *(s * st for s, st in zip(s_sp, geo.strides))),
             writeable=False)
-        y = np.empty((m, rows * inner), dt)
+        y = np.empty((m, rows * inner), dt) if out is None else out.reshape(m, rows * inner)
 
         def chunk(i: int) -> None:
             lo, hi = ranges[i]
@@ -116,6 +117,20 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
         if b is not None:
             y += b
         return y.reshape(out_shape)
+
+    return run
+
+
+def per_image_call(one: Callable[..., np.ndarray], out_shape: tuple[int, ...],
+                   dt: np.dtype) -> Callable[..., np.ndarray]:
+    """A conv of N images as N one-image convs `one(x[i:i+1], out=...)`, the images split
+    across the pool (each image's own split then runs on the thread that took it)."""
+    n = out_shape[0]
+
+    def run(x: np.ndarray, *_: object) -> np.ndarray:
+        out = np.empty(out_shape, dt)
+        parallel_for(n, lambda i: one(x[i:i + 1], out=out[i:i + 1]))
+        return out
 
     return run
 

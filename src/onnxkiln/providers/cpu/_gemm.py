@@ -199,3 +199,35 @@ def few_rows_product(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray
     if best[1] not in ("blas", given) and best[0] * LAYOUT_COPY_MIN_GAIN > as_given[0]:
         best = as_given  # a copy of B that does not win clearly is not worth its memory
     return best[2]
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul across the pool, for kernels that multiply shapes they only see at run time
+    (attention's batched Q @ K' and P @ V, products of non-constant operands): 2-D
+    products split by plan_split, batched ones with equal batch dims over the batch; every
+    other case (broadcast batch dims, vectors, small work, one thread) is np.matmul."""
+    threads = active_threads()
+    if threads < 2 or a.ndim < 2 or b.ndim < 2:
+        return np.matmul(a, b)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if a.ndim == 2 and b.ndim == 2:
+        return matmul_split(a, b, plan_split(m, k, n, threads))
+    if b.ndim == 2 and a.flags.c_contiguous:  # batch dims folded into the rows
+        rows = a.size // k
+        return matmul_split(a.reshape(rows, k), b, plan_split(rows, k, n, threads)).reshape(
+            *a.shape[:-1], n)
+    if a.shape[:-2] != b.shape[:-2] or a.dtype != b.dtype:
+        return np.matmul(a, b)
+    batch = a.size // (m * k) if m * k else 0
+    if batch < 2 or 2 * batch * m * k * n < SPLIT_MIN_FLOPS:
+        return np.matmul(a, b)
+    a3, b3 = a.reshape(batch, m, k), b.reshape(batch, k, n)
+    y = np.empty((batch, m, n), np.result_type(a, b))
+    ranges = split_ranges(batch, min(batch, 2 * threads), 1)
+
+    def chunk(i: int) -> None:
+        lo, hi = ranges[i]
+        np.matmul(a3[lo:hi], b3[lo:hi], out=y[lo:hi])
+
+    parallel_for(len(ranges), chunk)
+    return y.reshape(*a.shape[:-2], m, n)

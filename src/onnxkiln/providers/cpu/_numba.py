@@ -250,18 +250,6 @@ def softmax_rows(fn: Callable[..., Any], x2: np.ndarray, log: bool) -> np.ndarra
     return y
 
 
-def gelu_rows(fn: Callable[..., Any], x: np.ndarray, bias: np.ndarray | None, tanh: bool,
-              out: np.ndarray | None = None) -> np.ndarray:
-    """GELU of float32 x (+ bias over the last axis), into `out` (may be x) or a fresh array."""
-    n = x.shape[-1] if x.ndim else 1
-    x2 = np.ascontiguousarray(x).reshape(-1, n) if n else x.reshape(0, 0)
-    y = np.empty(x.shape, x.dtype) if out is None else out
-    if x2.size:
-        b = x2[0] if bias is None else np.ascontiguousarray(bias, dtype=x.dtype)
-        fn(x2, b, int(bias is not None), y.reshape(x2.shape), int(tanh))
-    return y
-
-
 def norm_rows(
     fn: Callable[..., Any], x2: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None,
     eps: float, simplified: bool, skip: np.ndarray | None = None,

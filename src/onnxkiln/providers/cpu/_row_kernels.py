@@ -122,3 +122,24 @@ def axis_norm_specializer(fast, cdt0: np.dtype, axis: int, eps: float, simplifie
         return special
 
     return specialize
+
+
+def gelu_rows(fn: Callable, x: np.ndarray, bias: np.ndarray | None, tanh: bool,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """GELU of float32 x (+ bias over the last axis) through the numba `gelu` kernel, into
+    `out` (may be x) or a fresh array, rows split across the pool when large."""
+    n = x.shape[-1] if x.ndim else 1
+    x2 = np.ascontiguousarray(x).reshape(-1, n) if n else x.reshape(0, 0)
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    if not x2.size:
+        return y
+    b = x2[0] if bias is None else np.ascontiguousarray(bias, dtype=x.dtype)
+    y2 = y.reshape(x2.shape)
+    flag, t = int(bias is not None), int(tanh)
+    ranges = row_ranges(x2.shape[0], n)
+    if ranges is None:
+        fn(x2, b, flag, y2, t)
+    else:
+        parallel_for(len(ranges), lambda i: fn(x2[ranges[i][0]:ranges[i][1]], b, flag,
+                                               y2[ranges[i][0]:ranges[i][1]], t))
+    return y

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _special
+from onnxkiln.providers.cpu import _row_kernels, _special
 from onnxkiln.providers.cpu.math import (
     _BF16,
     _F32,
@@ -373,7 +373,7 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
 
         def run(x: Array) -> Array:  # the numba version; numpy for float64
             if x.dtype == _F32 and fast.ready():
-                return _numba.gelu_rows(fast.fn, x, None, tanh)
+                return _row_kernels.gelu_rows(fast.fn, x, None, tanh)
             if fast.reason:  # numba did not import after all
                 k.variant, k.variant_reason = "gelu.numpy", fast.reason
             return numpy_run(x)

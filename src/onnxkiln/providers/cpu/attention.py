@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -343,7 +344,7 @@ class _Step:
         t1, cdt, sdt, mode = self.t1, self.cdt, self.sdt, self.mode
         b, hkv, gn, _ = qg.shape
         shape4 = (b, hkv * self.group, gn // self.group, kk.shape[2])
-        s4 = _round_to(np.matmul(qg, kk.swapaxes(-1, -2)).reshape(shape4), t1)
+        s4 = _round_to(pool_matmul(qg, kk.swapaxes(-1, -2)).reshape(shape4), t1)
         qk_out = s4.astype(t1) if mode == 0 else None
         if self.softcap > 0:
             cap = cdt.type(t1.type(self.softcap))
@@ -372,7 +373,7 @@ class _Step:
         if mode == 3:
             qk_out = probs.astype(t1)
         probs = _round_to(_as(probs, cdt), t1)  # the probabilities are cast to T1 for the MatMul
-        return np.matmul(probs.reshape(b, hkv, gn, shape4[3]), vv), qk_out
+        return pool_matmul(probs.reshape(b, hkv, gn, shape4[3]), vv), qk_out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +422,7 @@ def flex_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
         scale = 1.0 / math.sqrt(d) if scale_attr is None else float(scale_attr)
         qs = np.empty(q.shape, cdt)
         np.multiply(q, cdt.type(scale), out=qs, casting="unsafe")
-        scores = np.matmul(qs.reshape(b, hkv, group * sq, d), _as(k, cdt).swapaxes(-1, -2))
+        scores = pool_matmul(qs.reshape(b, hkv, group * sq, d), _as(k, cdt).swapaxes(-1, -2))
         s4 = scores.reshape(b, hq, sq, skv)
         if score_mod is not None:
             s4 = _as(modify(score_mod, s4.astype(sdt, copy=False), captured, "score_mod"), cdt)
@@ -433,7 +434,7 @@ def flex_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
             probs = _as(modify(prob_mod, probs.astype(sdt, copy=False), captured, "prob_mod"), cdt)
         elif sdt != cdt:
             _round_to(probs, sdt)
-        y = np.matmul(probs.reshape(b, hkv, group * sq, skv), _as(v, cdt))
+        y = pool_matmul(probs.reshape(b, hkv, group * sq, skv), _as(v, cdt))
         return y.reshape(b, hq, sq, v.shape[3]).astype(v.dtype, copy=False)
 
     return run

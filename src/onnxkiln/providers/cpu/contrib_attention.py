@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.contrib_transformer import MS, rotate
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -98,7 +99,7 @@ def sdpa(
         return out, None
     g = n // nk
     qg = q.reshape(b, nk, g * s, q.shape[3])
-    sc = np.matmul(qg, k.swapaxes(-1, -2))  # (B, Nk, G*S, T)
+    sc = pool_matmul(qg, k.swapaxes(-1, -2))  # (B, Nk, G*S, T)
     if scale != 1.0:
         sc *= sc.dtype.type(scale)
     if softcap > 0.0:
@@ -114,7 +115,7 @@ def sdpa(
     softmax_(sc5, sink5)
     if qk_mode == 2:
         qk = sc5.reshape(b, n, s, t).copy()
-    out = np.matmul(sc, v)  # (B, Nk, G*S, Hv)
+    out = pool_matmul(sc, v)  # (B, Nk, G*S, Hv)
     return out.reshape(b, n, s, v.shape[3]), qk
 
 
@@ -272,7 +273,7 @@ def ms_attention(info: NodeInfo) -> Callable[..., tuple]:
         if bias is not None and bias.shape != (width,):
             raise ValueError(f"{op}: bias shape {bias.shape} expected ({width},)")
         cdt = cdt_of(x.dtype)
-        qkv = np.matmul(as_dt(x, cdt), as_dt(weights, cdt))
+        qkv = pool_matmul(as_dt(x, cdt), as_dt(weights, cdt))
         if bias is not None:
             qkv += as_dt(bias, cdt)
         q = split_heads(qkv[..., :dq], heads, op, "Q")

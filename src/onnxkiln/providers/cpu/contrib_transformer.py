@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu import _numba, _special
+from onnxkiln.providers.cpu import _numba, _row_kernels, _special
 from onnxkiln.providers.cpu.index import trilu as _onnx_trilu
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.tensor import range_ as _onnx_range
@@ -113,7 +113,7 @@ def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
                                      or bias.shape[0] != x.shape[-1]):
                 _biased(x, bias, op)  # raises the shape error
             xc = _f(x, _F32)
-            y = _numba.gelu_rows(fast.fn, xc, None if bias is None else _f(bias, _F32), tanh)
+            y = _row_kernels.gelu_rows(fast.fn, xc, None if bias is None else _f(bias, _F32), tanh)
             return y.astype(x.dtype, copy=False)
         if fast is not None and fast.reason:
             run.variant, run.variant_reason = numpy_variant, fast.reason

@@ -364,10 +364,12 @@ def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | 
         return None
     nsp = len(plan.geo.out)
     bias = None if b is None else np.ascontiguousarray(b, dtype=cdt)
-    if plan.kind in ("1x1", "im2col") and plan.n == 1 and group == 1:
+    if plan.kind in ("1x1", "im2col") and group == 1:
         wm = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(w.shape[0], -1))
         make = _conv_special.one_by_one_call if plan.kind == "1x1" else _conv_special.im2col_call
-        special = make(plan.geo, wm, bias, plan.out_shape)
+        special = make(plan.geo, wm, bias, (1, *plan.out_shape[1:]))
+        if plan.n > 1:
+            special = _conv_special.per_image_call(special, plan.out_shape, cdt)
         special.variant = plan.variant
         return special
     depthwise = group > 1 and w.shape[0] == group and w.shape[1] == 1 and nsp == 2

@@ -20,7 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _numba, _row_kernels
+from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.contrib_transformer import fast_gelu_inplace, gelu_inplace
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -67,9 +68,9 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
             return y.astype(a.dtype)
         lead = a.shape[:-1]
         a2 = a.reshape(math.prod(lead), a.shape[-1]) if a.flags.c_contiguous else None
-        y = np.matmul(a2, b) if a2 is not None else np.matmul(a, b)
+        y = pool_matmul(a2, b) if a2 is not None else pool_matmul(a, b)
         if fast is not None and y.dtype == np.float32 and fast.ready():  # bias, GELU: 1 pass
-            return _numba.gelu_rows(fast.fn, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
+            return _row_kernels.gelu_rows(fast.fn, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
         if fast is not None and fast.reason:
             run.variant, run.variant_reason = "matmulbias.blas", fast.reason
         y += bias
@@ -115,7 +116,7 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask=None) -> np.ndarray:
         kt = np.swapaxes(k, -1, -2) if transpose_k else k
-        s = np.matmul(q, kt)
+        s = pool_matmul(q, kt)
         dt = s.dtype
         if dt not in _FAST:
             raise TypeError(f"ScaledDotProductAttention: float32/float64 only, got {dt}")
@@ -128,7 +129,7 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
             s = _apply_mask(s, mask, mode, fill)
         if fast is not None and not fast.ready():
             run.variant, run.variant_reason = "sdpa.blas", fast.reason
-        return np.matmul(_softmax_last_(s, fast.fn if fast is not None else None), v)
+        return pool_matmul(_softmax_last_(s, fast.fn if fast is not None else None), v)
 
     run.variant = "sdpa.blas_numba" if fast is not None else "sdpa.blas"
     run.variant_reason = why
