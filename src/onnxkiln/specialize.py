@@ -20,6 +20,7 @@ the specialisation built from it is a plan of its own in which
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -289,6 +290,8 @@ def _written(step: Step) -> list[int]:
 def _specialize_step(step: Step, seen: tuple[tuple, tuple], constants: dict[int, Any]):
     """The kernel's specialised callable for the recorded inputs, or None."""
     specialize = getattr(step.kernel, "specialize", None)
+    if specialize is None and step.spec.specialize is not None:
+        specialize = functools.partial(step.spec.specialize, step.kernel)
     if specialize is None:
         return None
     dtypes, shapes = seen

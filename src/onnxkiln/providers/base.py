@@ -116,6 +116,10 @@ class KernelSpec:
     `inplace`: input positions whose buffer the kernel may write its result into, when the
     executor passes it as `out=` (the input dies at this step; see onnxkiln.memory). The
     kernel checks shape and dtype itself and allocates when the buffer does not fit.
+
+    `specialize(kernel, dtypes, shapes, consts) -> callable | None`: the per-signature
+    specialisation (onnxkiln.specialize) of kernels that cannot carry a `specialize`
+    attribute of their own (a bare numpy ufunc).
     """
 
     domain: str
@@ -133,6 +137,7 @@ class KernelSpec:
     host_outputs: bool = False
     supports: Callable[[NodeInfo], str | None] | None = None
     inplace: tuple[int, ...] = ()
+    specialize: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op_type, str) or not self.op_type:
@@ -192,6 +197,7 @@ class KernelRegistry:
         host_outputs: bool = False,
         supports: Callable[[NodeInfo], str | None] | None = None,
         inplace: Iterable[int] = (),
+        specialize: Callable[..., Any] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering `fn` for `op_type` in opsets `since..until` (inclusive)."""
 
@@ -212,6 +218,7 @@ class KernelRegistry:
                 host_outputs=host_outputs,
                 supports=supports,
                 inplace=tuple(inplace),
+                specialize=specialize,
             )
             self.add(spec)
             return fn

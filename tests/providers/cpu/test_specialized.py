@@ -355,3 +355,28 @@ def test_few_row_products_take_the_row_kernels(m, threads):
                       [tensor_info("y", np.float32, [m, n])], {"w": wt, "c": bias})
     entry = _check(gemm, {"a": a[0]}, threads, exact=False, rtol=1e-4, atol=1e-4)
     assert _variants(entry) == ["gemm.few_rows"]
+
+
+@pytest.mark.parametrize(("op", "a_shape", "b_shape"), [
+    ("Add", (4, 256, 512), (512,)), ("Mul", (1, 64, 56, 56), (1, 64, 1, 1)),
+    ("Sub", (3, 200, 300), (3, 200, 300)), ("Equal", (1, 300, 600), (300, 1)),
+    ("Exp", (2, 300, 300), None)])
+def test_large_elementwise_steps_split_across_the_pool(op, a_shape, b_shape):
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    feeds, inputs, names = {"a": a}, [tensor_info("a", np.float32, list(a_shape))], ["a"]
+    if b_shape is not None:
+        b = RNG.standard_normal(b_shape).astype(np.float32)
+        if op == "Equal":
+            b = np.round(b)
+            feeds["a"] = a = np.round(a)
+        feeds["b"] = b
+        inputs.append(tensor_info("b", np.float32, list(b_shape)))
+        names.append("b")
+    out_shape = list(np.broadcast_shapes(a_shape, b_shape or a_shape))
+    out_dt = np.bool_ if op == "Equal" else np.float32
+    model = make_model([helper.make_node(op, names, ["y"])], inputs,
+                       [tensor_info("y", out_dt, out_shape)])
+    entry = _check(model, feeds, 2, exact=True, rtol=1e-6, atol=0)
+    assert _variants(entry)[0].endswith(".split")
+    _, one, entry1 = _runs(model, feeds, 1)
+    assert entry1.kernels == 0  # one thread: the ufunc itself

@@ -11,6 +11,7 @@ import numpy as np
 from onnxkiln.dtypes import to_numpy
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
+from onnxkiln.providers.cpu._elementwise import ufunc_specializer
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -151,10 +152,10 @@ def _div_factory(info: NodeInfo) -> Callable[..., Any]:
 def _binary_factories() -> None:
     for op, ufunc in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
         modern = _ufunc_factory(ufunc, op.lower())
-        kernel(op, since=7, factory=True, inplace=(0, 1))(modern)
+        kernel(op, since=7, factory=True, inplace=(0, 1), specialize=ufunc_specializer)(modern)
         kernel(op, since=1, until=6, factory=True)(_legacy_binary(modern, f"{op.lower()}_legacy"))
     div = _named(_div_factory, "div", "Div; integer division truncates toward zero.")
-    kernel("Div", since=7, factory=True, inplace=(0, 1))(div)
+    kernel("Div", since=7, factory=True, inplace=(0, 1), specialize=ufunc_specializer)(div)
     kernel("Div", since=1, until=6, factory=True)(_legacy_binary(div, "div_legacy"))
 
 
@@ -273,8 +274,8 @@ for _op, _since, _ufunc in (
 ):
     _factory = _ufunc_factory(_ufunc, _op.lower())
     _same_dtype = _op not in ("Not", "LessOrEqual", "GreaterOrEqual")  # those give bool
-    kernel(_op, since=_since, factory=True,
-           inplace=range(_ufunc.nin) if _same_dtype else ())(_factory)
+    kernel(_op, since=_since, factory=True, inplace=range(_ufunc.nin) if _same_dtype else (),
+           specialize=ufunc_specializer)(_factory)
 
 # Ops whose opset 1-6 versions carry legacy broadcast/axis attributes.
 for _op, _ufunc in (
@@ -286,7 +287,7 @@ for _op, _ufunc in (
     ("Xor", np.logical_xor),
 ):
     _modern = _ufunc_factory(_ufunc, _op.lower())
-    kernel(_op, since=7, factory=True)(_modern)
+    kernel(_op, since=7, factory=True, specialize=ufunc_specializer)(_modern)
     kernel(_op, since=1, until=6, factory=True)(_legacy_binary(_modern, f"{_op.lower()}_legacy"))
 
 
