@@ -88,6 +88,24 @@ class Forest:
         self.dtype = threshold.dtype
         self._table: np.ndarray | None = None  # leaf_values in dtype, for the numpy path
 
+        self._nodes(op, feature, threshold, mode, true_next, false_next, missing_true, roots,
+                    n_leaves)
+        self.member_keys = None
+        self.member_sets: list[np.ndarray] = []
+        if members is not None:
+            self._members(members)
+        self._op_name = op.lower()
+        self._fn = None  # the compiled walk, once the first run loaded it
+        self._bound = None  # scores() on the numba path, once bound
+        self.fast = self._fast_handle()
+
+    def _nodes(self, op: str, feature: np.ndarray, threshold: np.ndarray, mode: np.ndarray,
+               true_next: np.ndarray, false_next: np.ndarray, missing_true: np.ndarray,
+               roots: np.ndarray, n_leaves: int) -> None:
+        """The node arrays: modes normalised (GT/GTE/NEQ become LEQ/LT/EQ with swapped
+        successors), the NaN successor, one self-looping pseudo node per leaf."""
+        m = self.n_internal
+
         def enc(succ: np.ndarray) -> np.ndarray:
             succ = np.asarray(succ, dtype=np.int64)
             return np.where(succ < 0, m + ~succ, succ)
@@ -118,14 +136,6 @@ class Forest:
         for succ in (self.true_next, self.false_next):
             if succ.size and (succ.min() < 0 or succ.max() >= m + n_leaves):
                 raise ValueError(f"{op}: a node's successor is out of range")
-        self.member_keys = None
-        self.member_sets: list[np.ndarray] = []
-        if members is not None:
-            self._members(members)
-        self._op_name = op.lower()
-        self._fn = None  # the compiled walk, once the first run loaded it
-        self._bound = None  # scores() on the numba path, once bound
-        self.fast = self._fast_handle()
 
     def _members(self, members: list[np.ndarray]) -> None:
         # (node, value) pairs as complex numbers: searchsorted orders them lexicographically

@@ -352,17 +352,7 @@ def svm_classifier(info: NodeInfo):
     n_feat = svc.n_feat if svc else w.shape[1]
 
     def label_from(maxclass: np.ndarray, max_weight: np.ndarray | None) -> np.ndarray:
-        """The label of the vote winner (SVC: onnxruntime passes it weight 0, which never
-        flips a binary label) or, for linear SVMs, of the top score."""
-        if not binary:
-            return _pick(labels, maxclass, op)
-        if max_weight is None:
-            return labels[maxclass]
-        # binary: onnxruntime's rules on the top score
-        positive = max_weight >= 0.5 if all_positive else max_weight > 0
-        out = labels[maxclass]
-        out[positive] = labels[1]
-        return out
+        return _svm_labels(labels, maxclass, max_weight, binary, all_positive, op)
 
     def run(x):
         v = _features(x, op)
@@ -386,6 +376,21 @@ def svm_classifier(info: NodeInfo):
         return y, update_scores(dec, post) if post != "NONE" else dec
 
     return run
+
+
+def _svm_labels(labels: np.ndarray, maxclass: np.ndarray, max_weight: np.ndarray | None,
+                binary: bool, all_positive: bool, op: str) -> np.ndarray:
+    """The label of the vote winner (SVC, max_weight None: onnxruntime passes it weight 0,
+    which never flips a binary label) or, for linear SVMs, of the top score."""
+    if not binary:
+        return _pick(labels, maxclass, op)
+    if max_weight is None:
+        return labels[maxclass]
+    # binary: onnxruntime's rules on the top score
+    positive = max_weight >= 0.5 if all_positive else max_weight > 0
+    out = labels[maxclass]
+    out[positive] = labels[1]
+    return out
 
 
 def _svc_binary_pair(d: np.ndarray, post: str) -> np.ndarray:

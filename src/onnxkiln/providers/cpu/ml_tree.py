@@ -257,7 +257,40 @@ def tree_ensemble_classifier(info: NodeInfo):
 def tree_ensemble(info: NodeInfo):
     """TreeEnsemble (opset 5): leaf_* weights, BRANCH_* and MEMBER modes, output in X's type."""
     op = "TreeEnsemble"
-    a = info.attrs
+    make_forest, k, post = _v5_forest(info.attrs, op)
+    forests: dict[np.dtype, Forest] = {}
+    finishes: dict[np.dtype, Finish] = {}
+
+    def forest(dt: np.dtype) -> Forest:
+        if dt not in forests:
+            forests[dt] = make_forest(dt)
+        return forests[dt]
+
+    def finish_for(x_dtype: np.dtype, f: Forest) -> Finish:
+        finish = finishes.get(x_dtype)
+        if finish is None:  # the output is in X's type
+            finish = finishes[x_dtype] = Finish(post, k, out_dtype=x_dtype)
+        finish.prepare(f.dtype, f.fast is not None)
+        return finish
+
+    def run(x):
+        if x.dtype.kind != "f":
+            raise ValueError(f"{op}: X must be float16, float32 or float64, got {x.dtype}")
+        v = as_features(x, op)
+        dt = _F64 if x.dtype == _F64 else _F32
+        v = v.astype(dt, copy=False)
+        f = forest(dt)
+        finish = finish_for(x.dtype, f)
+        scores, _ = _scores(run, f, v)
+        return finish(scores, None)
+
+    run.specialize = _specializer(forest, finish_for, kinds="f")
+    return run
+
+
+def _v5_forest(a: Mapping[str, Any], op: str) -> tuple[Callable[[np.dtype], Forest], int, str]:
+    """Check and compile the opset-5 attributes: (the Forest for a compare dtype, the
+    target count, the post-transform)."""
 
     def ints(name: str, required: bool = True) -> np.ndarray:
         v = a.get(name)
@@ -301,52 +334,40 @@ def tree_ensemble(info: NodeInfo):
         raise ValueError(f"{op}: n_targets must be set and >= 1")
     aggregate = _aggregate(int(a.get("aggregate_function", 1)), op)
     post = post_transform(int(a.get("post_transform", 0)), op)
-    members = None
-    if (modes == _MEMBER).any():
-        mv = a.get("membership_values")
-        if mv is None:
-            raise ValueError(f"{op}: BRANCH_MEMBER nodes need membership_values")
-        mv = attr_tensor(mv).reshape(-1).astype(_F64)
-        cuts = np.flatnonzero(np.isnan(mv))
-        members = [s[~np.isnan(s)] for s in np.split(mv, cuts)]
+    members = _v5_members(a, modes, op)
     n_leaves = targets.size
-    for name, ids, leaf in (("true", tids, tleaf), ("false", fids, fleaf)):
-        limit = np.where(leaf != 0, n_leaves, n)
-        if ids.size and ((ids < 0) | (ids >= limit)).any():
-            raise ValueError(f"{op}: a nodes_{name}nodeids entry is out of range")
-    if roots.size and ((roots < 0) | (roots >= n)).any():
-        raise ValueError(f"{op}: tree_roots must index nodes_* entries [0, {n})")
+    _v5_check_links(n, n_leaves, (tids, tleaf), (fids, fleaf), roots, op)
     leaf_values, leaf_has = leaf_table(
         n_leaves, k, np.arange(n_leaves), targets, leaf_w, aggregate, op
     )
     true_next = np.where(tleaf != 0, ~tids, tids)
     false_next = np.where(fleaf != 0, ~fids, fids)
-    forests: dict[np.dtype, Forest] = {}
-    finishes: dict[np.dtype, Finish] = {}
 
-    def forest(dt: np.dtype) -> Forest:
-        if dt not in forests:
-            forests[dt] = Forest(op, feats, splits.astype(dt), modes, true_next, false_next,
-                                 missing, roots, leaf_values, leaf_has, aggregate, members)
-        return forests[dt]
+    def make(dt: np.dtype) -> Forest:
+        return Forest(op, feats, splits.astype(dt), modes, true_next, false_next, missing, roots,
+                      leaf_values, leaf_has, aggregate, members)
 
-    def finish_for(x_dtype: np.dtype, f: Forest) -> Finish:
-        finish = finishes.get(x_dtype)
-        if finish is None:  # the output is in X's type
-            finish = finishes[x_dtype] = Finish(post, k, out_dtype=x_dtype)
-        finish.prepare(f.dtype, f.fast is not None)
-        return finish
+    return make, k, post
 
-    def run(x):
-        if x.dtype.kind != "f":
-            raise ValueError(f"{op}: X must be float16, float32 or float64, got {x.dtype}")
-        v = as_features(x, op)
-        dt = _F64 if x.dtype == _F64 else _F32
-        v = v.astype(dt, copy=False)
-        f = forest(dt)
-        finish = finish_for(x.dtype, f)
-        scores, _ = _scores(run, f, v)
-        return finish(scores, None)
 
-    run.specialize = _specializer(forest, finish_for, kinds="f")
-    return run
+def _v5_members(a: Mapping[str, Any], modes: np.ndarray, op: str) -> list[np.ndarray] | None:
+    """The BRANCH_MEMBER nodes' value sets (membership_values, NaN-separated), in order."""
+    if not (modes == _MEMBER).any():
+        return None
+    mv = a.get("membership_values")
+    if mv is None:
+        raise ValueError(f"{op}: BRANCH_MEMBER nodes need membership_values")
+    mv = attr_tensor(mv).reshape(-1).astype(_F64)
+    cuts = np.flatnonzero(np.isnan(mv))
+    return [s[~np.isnan(s)] for s in np.split(mv, cuts)]
+
+
+def _v5_check_links(n: int, n_leaves: int, true: tuple, false: tuple, roots: np.ndarray,
+                    op: str) -> None:
+    """Successors index nodes (or leaves, where flagged) and roots index nodes."""
+    for name, (ids, leaf) in (("true", true), ("false", false)):
+        limit = np.where(leaf != 0, n_leaves, n)
+        if ids.size and ((ids < 0) | (ids >= limit)).any():
+            raise ValueError(f"{op}: a nodes_{name}nodeids entry is out of range")
+    if roots.size and ((roots < 0) | (roots >= n)).any():
+        raise ValueError(f"{op}: tree_roots must index nodes_* entries [0, {n})")
