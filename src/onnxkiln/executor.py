@@ -107,9 +107,13 @@ class CompiledPlan:
                 namespace[f"g{i}_{j}"] = shape
         for s, value in plan.constants.items():
             namespace[f"c{s}"] = value
-        exec(compile(source, self.filename, "exec"), namespace)
+        run_source, hooked_source = source.split("def run_hooked(", 1)
+        exec(compile(run_source, self.filename, "exec"), namespace)
+        self._namespace = namespace
+        self._hooked_source = "def run_hooked(" + hooked_source
+        self._hooked_line0 = run_source.count("\n")
         self._fn: Callable[[Sequence[Any]], list[Any]] = namespace["run"]
-        self._hooked: Callable[[Sequence[Any], Any], list[Any]] = namespace["run_hooked"]
+        self._hooked_fn: Callable[[Sequence[Any], Any], list[Any]] | None = None
         self.source = source
         self._trace_meta: dict[str, list] = {}
 
@@ -121,6 +125,16 @@ class CompiledPlan:
             raise
         except Exception as e:
             raise self._kernel_error(e) from e
+
+    def _hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
+        """The hooked function, compiled on first use: most plans never run with hooks, and
+        compiling both costs a session build twice as much."""
+        fn = self._hooked_fn
+        if fn is None:
+            padded = "\n" * self._hooked_line0 + self._hooked_source  # keep line numbers
+            exec(compile(padded, self.filename, "exec"), self._namespace)
+            fn = self._hooked_fn = self._namespace["run_hooked"]
+        return fn(inputs, hooks)
 
     def hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
         """Run with `hooks.start`/`hooks.finish` around every step."""

@@ -74,6 +74,7 @@ def signature_facts(plan: Plan, graph: ir.Graph | None) -> SignatureFacts:
     static: set[int] = set(plan.constants)
     varying: set[int] = set()
     per_step: list[bool] = []
+    nodes = list(graph) if graph is not None else []  # graph.node(i) walks the list each time
     for step in plan.steps:
         ins = [s for s in step.inputs if s is not None]
         outs = [s for s in step.outputs if s is not None]
@@ -81,7 +82,7 @@ def signature_facts(plan: Plan, graph: ir.Graph | None) -> SignatureFacts:
         per_step.append(is_static)
         if is_static:
             static.update(outs)
-        elif any(s in varying for s in ins) or _shape_follows_data(step, graph, static):
+        elif any(s in varying for s in ins) or _shape_follows_data(step, nodes, static):
             varying.update(outs)
     return SignatureFacts(tuple(per_step), frozenset(varying))
 
@@ -94,9 +95,9 @@ def _is_static(step: Step, ins: list[int], static: set[int], varying: set[int]) 
     return all(s in static for s in ins)
 
 
-def _shape_follows_data(step: Step, graph: ir.Graph | None, static: set[int]) -> bool:
+def _shape_follows_data(step: Step, nodes: list[ir.Node], static: set[int]) -> bool:
     """Whether the step's output shapes may follow the contents of a non-static input."""
-    if graph is not None and step.node_id >= 0 and has_subgraphs(graph.node(step.node_id)):
+    if 0 <= step.node_id < len(nodes) and has_subgraphs(nodes[step.node_id]):
         return True
     if step.spec.capture is CaptureSupport.DATA_DEPENDENT_SHAPE:
         return True
