@@ -8,7 +8,9 @@ on the calling thread and split across a pool of --threads, interleaved, and pri
 median of each and their ratio; the smallest size from which the split wins on every
 larger size is the family's threshold (the constants SPLIT_MIN_FLOPS, ROWS_SPLIT_MIN and
 DW_SPLIT_MIN in onnxkiln/providers/cpu/_gemm.py, _row_kernels.py, _conv_special.py).
-Run it on a quiet machine: a split measured under load says nothing.
+Run it on a quiet machine: a split measured under load says nothing. The pool's backoff
+(it runs calls inline after dispatches its workers did not keep up with) is off here, so
+that each split is measured as a split.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=200)
     args = p.parse_args(argv)
+    from onnxkiln import pool
+
+    pool.BACKOFF_MIN_S = pool.BACKOFF_MAX_S = 0.0
     for family in (gemm_cases, row_cases, depthwise_cases):
         print(f"\n{family.__name__.replace('_cases', '')}: median us whole / split "
               f"({args.threads} threads)")

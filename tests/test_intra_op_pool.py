@@ -197,6 +197,8 @@ def test_a_pool_whose_workers_do_not_keep_up_runs_inline_for_a_while(monkeypatch
     def slow_worker(i: int) -> None:
         if threading.get_ident() != caller:
             stall.wait(5)
+        else:
+            time.sleep(0.002)  # the caller's chunks take long enough for the worker to join
 
     threading.Timer(0.1, stall.set).start()
     p.parallel_for(8, slow_worker)

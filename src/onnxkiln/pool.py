@@ -37,8 +37,11 @@ _local = threading.local()  # .pool: the pool of the run in progress on this thr
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
 STALL_SHARE = 0.3
-"""A dispatch counts as stalled when the caller waited for other threads' chunks longer
-than this share of its own working time, or no worker took part."""
+STALL_MIN_S = 300e-6
+"""A dispatch counts as stalled when no worker took part during at least STALL_MIN_S of
+the caller's own work (a worker wakes in ~30 us on an idle core), or when the caller then
+waited for other threads' chunks longer than STALL_SHARE of its own working time and at
+least a third of STALL_MIN_S. Shorter dispatches say nothing about the cores."""
 
 
 class _Job:
@@ -140,9 +143,13 @@ class IntraOpPool:
     def _observe(self, helped: bool, start: float, mine: float, end: float) -> None:
         """Back off (run inline for a while) after a dispatch the workers did not keep up
         with; a good one resets the backoff."""
-        if helped and end - mine <= STALL_SHARE * (mine - start):
-            self._backoff = BACKOFF_MIN_S
-            self._resume_at = 0.0
+        work, wait = mine - start, end - mine
+        lonely = not helped and work >= STALL_MIN_S
+        waited = wait > STALL_SHARE * work and wait >= STALL_MIN_S / 3
+        if not lonely and not waited:
+            if helped:
+                self._backoff = BACKOFF_MIN_S
+                self._resume_at = 0.0
             return
         self.stalls += 1
         self._resume_at = end + self._backoff
