@@ -257,6 +257,17 @@ def test_a_missing_cache_says_which_command_builds_it(tmp_path, monkeypatch):
     assert proc.returncode == 1 and "no exported-model cache" in proc.stderr
 
 
+def test_export_python_builds_a_missing_cache(tmp_path):
+    # this venv has sklearn and skl2onnx, enough to export the sklearn entries
+    args = _args(tmp_path / "new", "--models", "sk-pca", "--repeat", "1",
+                 "--export-python", sys.executable)
+    lines: list[str] = []
+    out = cli.run(args, out=lines.append)
+    assert lines[0].startswith("building the cache: ") and "--models sk-pca" in lines[0]
+    assert [r["model"] for r in out["rows"]] == ["sk-pca", "sk-pca"] and out["ok"]
+    assert (tmp_path / "new" / manifest.MANIFEST).is_file()
+
+
 def test_selection_by_name_family_and_quick(cache):
     data = manifest.load(cache)
     assert [e["name"] for e in manifest.select(data, ["zoo"], False)] == ["zoo-bert"]

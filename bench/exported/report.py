@@ -185,7 +185,7 @@ def render(results: dict[str, Any], markdown: bool = True, head: bool = True) ->
         lines.append(f"- {name}: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
     for f in results.get("failed_exports", []):
         lines.append(f"- did not export: {f['name']} ({f['exporter']}): "
-                     + " ".join(f["error"].splitlines()[-1:])[:400])
+                     + " ".join(f["error"].splitlines()[-1:])[:240])
     if results.get("creation"):
         lines += ["", format_creation(results, markdown)]
     if results.get("contention"):
