@@ -15,6 +15,22 @@ from onnxkiln.testing import make_model, tensor_info
 RNG = np.random.default_rng(11)
 
 
+@pytest.fixture(autouse=True)
+def small_split_thresholds(monkeypatch):
+    """Splits from small sizes on, so that these small cases exercise the split paths (the
+    tuned thresholds make a split pay on real models; bench/thresholds.py)."""
+    from onnxkiln import pool
+    from onnxkiln.providers.cpu import _conv_special, _elementwise, _gemm, _row_kernels
+
+    monkeypatch.setattr(_gemm, "SPLIT_MIN_FLOPS", 2_000_000)
+    monkeypatch.setattr(_row_kernels, "ROWS_SPLIT_MIN", 1 << 16)
+    monkeypatch.setattr(_conv_special, "DW_SPLIT_MIN", 50_000)
+    monkeypatch.setattr(_conv_special, "IM2COL_CHUNK_FLOPS", 1_000_000)
+    monkeypatch.setattr(_elementwise, "SPLIT_MIN_ELEMENTS", 1 << 17)
+    monkeypatch.setattr(pool, "BACKOFF_MIN_S", 0.0)  # a stall must not turn the splits off
+    monkeypatch.setattr(pool, "BACKOFF_MAX_S", 0.0)
+
+
 def _runs(model, feeds, threads):
     """(first run: generic kernels, third run: specialised kernels, the entry)."""
     s = InferenceSession.builder().intra_op_threads(threads).from_graph(model)
@@ -378,5 +394,5 @@ def test_large_elementwise_steps_split_across_the_pool(op, a_shape, b_shape):
                        [tensor_info("y", out_dt, out_shape)])
     entry = _check(model, feeds, 2, exact=True, rtol=1e-6, atol=0)
     assert _variants(entry)[0].endswith(".split")
-    _, one, entry1 = _runs(model, feeds, 1)
+    entry1 = _runs(model, feeds, 1)[2]
     assert entry1.kernels == 0  # one thread: the ufunc itself

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from onnxkiln.pool import active_threads, parallel_for
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _gemm, _numba
 from onnxkiln.providers.cpu._gemm import matmul_split, plan_split, split_ranges
 from onnxkiln.providers.cpu._window import Geometry, padded_copy
 
@@ -53,8 +53,10 @@ CL_MAX_POSITIONS = 256
 """Depthwise convs with at most this many output positions per channel take the
 channels-last kernel (measured: 14x14 and 7x7 maps 1.5-3x faster than stride-phase planes;
 28x28 and larger slower)."""
-DW_SPLIT_MIN = 50_000  # multiply-adds below which a depthwise conv runs on one thread
-IM2COL_CHUNK_FLOPS = 4_000_000  # about this much work per im2col chunk when split
+DW_SPLIT_MIN = 1_000_000
+"""Multiply-adds below which a depthwise conv runs on one thread (bench/thresholds.py, quiet
+2-core VM: 226K split 1.56x the whole, 1M 0.94x, 2.7M 0.84x)."""
+IM2COL_CHUNK_FLOPS = 40_000_000  # about this much work per im2col chunk when split
 
 
 def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
@@ -90,7 +92,8 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
     rows, inner = geo.out[0], math.prod(geo.out[1:])
     flops = 2 * m * k * rows * inner
     threads = active_threads()
-    parts = 1 if threads < 2 else max(1, min(rows, 4 * threads, flops // IM2COL_CHUNK_FLOPS))
+    parts = 1 if threads < 2 or flops < _gemm.SPLIT_MIN_FLOPS else max(
+        1, min(rows, 4 * threads, flops // IM2COL_CHUNK_FLOPS))
     ranges = split_ranges(rows, parts, 1)
     b = None if bias is None else bias.reshape(m, 1)
     dt = wm.dtype

@@ -19,9 +19,10 @@ from onnxkiln.providers.cpu._gemm import split_ranges
 
 __all__ = ["SPLIT_MIN_ELEMENTS", "ufunc_specializer"]
 
-SPLIT_MIN_ELEMENTS = 1 << 17
-"""Outputs smaller than this stay on the calling thread (one pass over 512 KiB of float32
-costs about as much as waking a worker)."""
+SPLIT_MIN_ELEMENTS = 1 << 20
+"""Outputs smaller than this stay on the calling thread: a split pays only from about 1 ms
+of work on the 2-core development VM (bench/thresholds.py; one pass over 1M float32
+elements takes 0.5-2 ms)."""
 
 
 def ufunc_specializer(ufunc: np.ufunc, dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:

@@ -22,9 +22,11 @@ from onnxkiln.providers.cpu import _numba
 __all__ = ["SMALL_M_MAX", "SPLIT_MIN_FLOPS", "Split", "few_rows_product", "matmul_split",
            "plan_split", "split_ranges"]
 
-SPLIT_MIN_FLOPS = 2_000_000
-"""Products below this many flops (2*M*K*N) run whole: a dispatch to the pool costs a few
-µs and the chunks must each be worth far more."""
+SPLIT_MIN_FLOPS = 150_000_000
+"""Products below this many flops (2*M*K*N) run whole. Measured with bench/thresholds.py on
+the 2-core development VM, quiet: a worker wakes in 10-20 us, but two threads multiplying
+at once each run ~15% slower than alone and a dispatch costs 30-70 us more, so a split
+lost up to 100 MFLOP (128x512x768: 1.07x the whole) and won from 300 MFLOP (0.60x)."""
 COL_ALIGN = 64  # column chunk widths are multiples of this (whole BLAS panels)
 ROW_ALIGN = 16
 MIN_CHUNK_FLOPS = 500_000

@@ -12,8 +12,8 @@ import numpy as np
 
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _gemm
 from onnxkiln.providers.cpu._gemm import (
-    SPLIT_MIN_FLOPS,
     Split,
     few_rows_product,
     matmul_split,
@@ -153,7 +153,7 @@ def _batched_matmul(sa: tuple, sb: tuple, dt: np.dtype, threads: int):
     batch = math.prod(sa[:-2])
     m, k, n = sa[-2], sa[-1], sb[-1]
     out_shape = (*sa[:-2], m, n)
-    if threads < 2 or batch < 2 or 2 * batch * m * k * n < SPLIT_MIN_FLOPS:
+    if threads < 2 or batch < 2 or 2 * batch * m * k * n < _gemm.SPLIT_MIN_FLOPS:
         return _named(_matmul_2d, "matmul.batched", None)
     ranges = split_ranges(batch, min(batch, 2 * threads), 1)
 

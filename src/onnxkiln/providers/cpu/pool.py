@@ -11,7 +11,7 @@ import numpy as np
 
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _conv_special, _numba
 from onnxkiln.providers.cpu._gemm import split_ranges
 from onnxkiln.providers.cpu._window import (
     Geometry,
@@ -219,7 +219,8 @@ def _maxpool_call(fn, geo: Geometry, out_shape: tuple[int, ...]):
     channels = out_shape[1]
     params = (*geo.strides, *geo.dilations, *geo.pads_begin)
     ranges = ((0, channels),)
-    if active_threads() > 1 and math.prod(out_shape) * math.prod(geo.kernel) >= 50_000:
+    work = math.prod(out_shape) * math.prod(geo.kernel)
+    if active_threads() > 1 and work >= _conv_special.DW_SPLIT_MIN:
         ranges = split_ranges(channels, min(2 * active_threads(), max(1, channels // 8)), 8)
 
     def call(x: np.ndarray) -> np.ndarray:
