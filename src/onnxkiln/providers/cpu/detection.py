@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu._window import compute_dtype
 from onnxkiln.providers.cpu.registry import kernel
@@ -137,6 +138,35 @@ def _corners(boxes: np.ndarray, center: bool) -> np.ndarray:
 
 
 _MATRIX_MAX = 4096  # boxes per batch up to which the pairwise "compatible" matrix may be built
+_NUMBA_FROM = 256  # candidates from which one class without the matrix runs the numba loop
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _nms_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 2, "C", readonly=True), types.Array(f, 1, "C", readonly=True),
+            types.Array(i64, 1, "C", readonly=True), i64, f, f, types.Array(i64, 1, "C"))
+
+
+_numba.register("nms_greedy", "onnxkiln.providers.cpu._numba_detect", _nms_signature,
+                (_F32, _F64))
+
+
+def _select_compiled(corners: np.ndarray, areas: np.ndarray, order: np.ndarray, limit: int,
+                     iou_thr: float) -> list[int]:
+    """_select through the numba loop (the same IoU arithmetic, the boxes' float type)."""
+    handle = _numba.lazy("nms_greedy", corners.dtype)
+    if handle is None or not handle.ready():
+        return _select(corners, areas, None, order, limit, iou_thr)
+    dt = corners.dtype
+    picked = np.empty(min(len(order), max(limit, 0)), _I64)
+    count = handle.fn(np.ascontiguousarray(corners), np.ascontiguousarray(areas, dtype=dt),
+                      np.ascontiguousarray(order, dtype=_I64), limit, dt.type(iou_thr),
+                      dt.type(0), picked)
+    return picked[:count].tolist()
 
 
 def _iou_rows(corners: np.ndarray, areas: np.ndarray, rows: np.ndarray, cols: np.ndarray):
@@ -232,7 +262,10 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
             if len(orders) > 1 and total >= ns and ns <= _MATRIX_MAX:
                 ok = _compatible(corners, areas, iou_thr)
             for k, order in enumerate(orders):
-                picked = _select(corners, areas, ok, order, limit, iou_thr)
+                if ok is None and len(order) > _NUMBA_FROM:
+                    picked = _select_compiled(corners, areas, order, limit, iou_thr)
+                else:
+                    picked = _select(corners, areas, ok, order, limit, iou_thr)
                 if picked:
                     block = np.empty((len(picked), 3), dtype=_I64)
                     block[:, 0], block[:, 1], block[:, 2] = bi, k, picked
