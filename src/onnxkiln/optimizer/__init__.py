@@ -71,6 +71,7 @@ FUSIONS: tuple[Pass, ...] = (
     fuse_conv.fold_batch_norm,
     fuse_conv.fuse_conv_activation,
     fuse_gelu.fuse_gelu,
+    fuse_gelu.fuse_silu,
     fuse_norm.fuse_layer_norm,
     fuse_norm.fuse_rms_norm,
     fuse_attention.fuse_attention,

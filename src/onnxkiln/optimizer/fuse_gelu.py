@@ -5,7 +5,8 @@
 - tanh GELU (GPT-2's gelu_new), 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))),
   x^3 as Pow(x, 3) or x * x * x -> com.microsoft FastGelu;
 - Add(x, bias) feeding either (bias a 1-D constant over the last axis) -> BiasGelu /
-  FastGelu with its bias input.
+  FastGelu with its bias input;
+- Mul(x, Sigmoid(x)) (SiLU) -> onnxkiln Silu.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import onnx_ir as ir
 
 from onnxkiln.optimizer._graph import (
     MS,
+    OURS,
     Context,
     close,
     const_scalar,
@@ -30,7 +32,7 @@ from onnxkiln.optimizer._graph import (
     sole_consumer,
 )
 
-__all__ = ["fuse_bias_gelu", "fuse_gelu"]
+__all__ = ["fuse_bias_gelu", "fuse_gelu", "fuse_silu"]
 
 _SQRT2 = math.sqrt(2.0)
 _K = math.sqrt(2.0 / math.pi)
@@ -200,3 +202,23 @@ def _bias_split(add: ir.Node) -> tuple[ir.Value, ir.Value] | None:
         if isinstance(last, int) and last == b[0] and x.dtype == bias.dtype:
             return x, bias
     return None
+
+
+def fuse_silu(ctx: Context) -> bool:
+    """Mul(x, Sigmoid(x)) (SiLU/Swish as exporters write it, EfficientNet's activation) ->
+    onnxkiln Silu: one pass instead of the sigmoid's passes and the product's."""
+    if not ctx.supports(OURS, "Silu"):
+        return False
+    changed = False
+    for sig in nodes_of(ctx.model.graph, "Sigmoid"):
+        if sig.graph is None or not is_onnx(sig, "Sigmoid") or not float_dtype(sig.inputs[0],
+                                                                                 *_FLOATS):
+            continue
+        x, s = sig.inputs[0], sig.outputs[0]
+        mul = sole_consumer(s, "Mul")
+        if mul is None or s.is_graph_output() or other_input(mul, s) is not x:
+            continue
+        silu = ctx.node("Silu", [x], domain=OURS, like=mul.outputs, name="Silu")
+        ctx.replace(mul, [silu], [(mul.outputs[0], silu.outputs[0])], [mul, sig], "silu")
+        changed = True
+    return changed

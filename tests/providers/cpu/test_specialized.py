@@ -396,3 +396,19 @@ def test_large_elementwise_steps_split_across_the_pool(op, a_shape, b_shape):
     assert _variants(entry)[0].endswith(".split")
     entry1 = _runs(model, feeds, 1)[2]
     assert entry1.kernels == 0  # one thread: the ufunc itself
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_silu_is_fused_and_sigmoid_runs_in_one_pass(dtype, threads):
+    """Mul(x, Sigmoid(x)) becomes onnxkiln Silu; both it and a lone Sigmoid specialise to
+    the numba elementwise kernels (float32 within 1e-6 of onnxruntime)."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"]),
+             helper.make_node("Sigmoid", ["y"], ["z"])]
+    shape = [2, 64, 40, 40]
+    model = make_model(nodes, [tensor_info("x", dtype, shape)],
+                       [tensor_info("z", dtype, shape)])
+    x = (RNG.standard_normal(shape) * 6).astype(dtype)
+    entry = _check(model, {"x": x}, threads, exact=False, rtol=1e-6, atol=1e-6)
+    assert [st.op_type for st in entry.compiled.plan.steps] == ["Silu", "Sigmoid"]
+    assert _variants(entry) == ["silu.numba", "sigmoid.numba"]

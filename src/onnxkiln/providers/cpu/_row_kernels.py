@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxkiln.pool import active_threads, parallel_for
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._gemm import split_ranges
 
 __all__ = ["ROWS_SPLIT_MIN", "norm_rows", "row_ranges", "softmax_rows"]
@@ -144,3 +145,42 @@ def gelu_rows(fn: Callable, x: np.ndarray, bias: np.ndarray | None, tanh: bool,
         parallel_for(len(ranges), lambda i: fn(x2[ranges[i][0]:ranges[i][1]], b, flag,
                                                y2[ranges[i][0]:ranges[i][1]], t))
     return y
+
+
+def _flat_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    f = types.float32 if dt == np.float32 else types.float64
+    return (types.Array(f, 1, "C", readonly=True), types.int64, types.int64,
+            types.Array(f, 1, "C"))
+
+
+for _name in ("sigmoid_flat", "silu_flat"):
+    _numba.register(_name, "onnxkiln.providers.cpu._numba_act", _flat_signature,
+                    (np.float32, np.float64), {"reassoc", "contract", "nsz", "arcp"})
+
+
+def flat_call(name: str, dt: np.dtype) -> Callable[..., np.ndarray] | None:
+    """call(x, out=None) -> y: the numba elementwise kernel `name` over x's elements (into
+    `out` when given, which may be x itself), split across the pool when large; None when
+    numba is off."""
+    handle = _numba.lazy(name, dt)
+    if handle is None or not handle.ready():
+        return None
+    fn = handle.fn
+
+    def call(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        xf = np.ascontiguousarray(x).reshape(-1)
+        fits = out is not None and out.shape == x.shape and out.flags.c_contiguous and \
+            out.dtype == dt and out.flags.writeable
+        y = out if fits else np.empty(x.shape, dt)
+        yf = y.reshape(-1)
+        n = xf.shape[0]
+        ranges = row_ranges(n, 1) if n >= ROWS_SPLIT_MIN else None
+        if ranges is None:
+            fn(xf, 0, n, yf)
+        else:
+            parallel_for(len(ranges), lambda i: fn(xf, ranges[i][0], ranges[i][1], yf))
+        return y
+
+    return call

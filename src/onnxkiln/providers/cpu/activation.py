@@ -227,8 +227,27 @@ def _sigmoid(x: Array, out: np.ndarray | None = None) -> np.ndarray:
 
 @kernel("Sigmoid", since=1, factory=True, inplace=(0,))
 def sigmoid(info: NodeInfo) -> Callable[..., Any]:
-    """1 / (1 + exp(-x))."""
-    return _float_kernel(info, _sigmoid)
+    """1 / (1 + exp(-x)); float32/float64 specialise to one numba pass (_numba_act)."""
+    run = _float_kernel(info, _sigmoid)
+    if run is _sigmoid:  # a shared function: give this node its own callable to annotate
+        def run(x: Array, out: np.ndarray | None = None) -> Array:
+            return _sigmoid(x, out)
+    run.specialize = _flat_specializer("sigmoid_flat")
+    return run
+
+
+def _flat_specializer(name: str) -> Callable[..., Any]:
+    """specialize() of a float32/float64 activation with a numba elementwise kernel."""
+
+    def specialize(dtypes, shapes, consts):
+        if dtypes[0] not in (_F32, _F64) or shapes[0] is None:
+            return None
+        call = _row_kernels.flat_call(name, dtypes[0])
+        if call is not None:
+            call.variant = f"{name.split('_')[0]}.numba"
+        return call
+
+    return specialize
 
 
 @kernel("Tanh", since=1, factory=True, inplace=(0,))

@@ -3,6 +3,7 @@
 Each one computes exactly what the subgraph it replaces computes, in the same order of
 floating-point operations, but in place on its own fresh buffers:
 
+- Silu(X): X * sigmoid(X) (Mul(x, Sigmoid(x)) as exporters write it), in one pass.
 - FusedMatMulBias(A, B, bias; activation): act(A @ B + bias), B 2-D, bias 1-D over the last
   axis; activation "" (none), "Relu", "Gelu" (exact, erf) or "FastGelu" (tanh form).
 - ScaledDotProductAttention(Q, K, V, mask?; transpose_k, scale, divide, mask_mode,
@@ -22,6 +23,7 @@ import numpy as np
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
+from onnxkiln.providers.cpu.activation import sigmoid as _sigmoid_kernel
 from onnxkiln.providers.cpu.contrib_transformer import fast_gelu_inplace, gelu_inplace
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -42,6 +44,29 @@ def _relu_(y: np.ndarray) -> np.ndarray:
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
     "": None, "Relu": _relu_, "Gelu": gelu_inplace, "FastGelu": fast_gelu_inplace,
 }
+
+
+@kernel("Silu", since=1, domain=DOMAIN, factory=True, variant="silu.numpy", inplace=(0,))
+def silu(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """x * sigmoid(x): the Sigmoid kernel's numpy form then one product; float32/float64
+    specialise to one numba pass."""
+    sig = _sigmoid_kernel(info)
+
+    def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        s = sig(x)
+        y = out if out is not None and out.shape == x.shape and out.dtype == s.dtype else s
+        return np.multiply(s, x, out=y)
+
+    def specialize(dtypes, shapes, consts):
+        if dtypes[0] not in _FAST or shapes[0] is None:
+            return None
+        call = _row_kernels.flat_call("silu_flat", dtypes[0])
+        if call is not None:
+            call.variant = "silu.numba"
+        return call
+
+    run.specialize = specialize
+    return run
 
 
 @kernel("FusedMatMulBias", since=1, domain=DOMAIN, factory=True, variant="matmulbias.blas")
