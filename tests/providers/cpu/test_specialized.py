@@ -412,3 +412,13 @@ def test_silu_is_fused_and_sigmoid_runs_in_one_pass(dtype, threads):
     entry = _check(model, {"x": x}, threads, exact=False, rtol=1e-6, atol=1e-6)
     assert [st.op_type for st in entry.compiled.plan.steps] == ["Silu", "Sigmoid"]
     assert _variants(entry) == ["silu.numba", "sigmoid.numba"]
+
+
+def test_hard_swish_specialises_to_one_pass():
+    shape = [1, 16, 56, 56]
+    model = make_model([helper.make_node("HardSwish", ["x"], ["y"])],
+                       [tensor_info("x", np.float32, shape)],
+                       [tensor_info("y", np.float32, shape)], opset=14)
+    x = (RNG.standard_normal(shape) * 5).astype(np.float32)
+    entry = _check(model, {"x": x}, 1, exact=False, rtol=1e-6, atol=1e-6)
+    assert _variants(entry) == ["hardswish.numba"]

@@ -1,6 +1,6 @@
 """numba elementwise activations over flat arrays (loaded through `_numba.register`;
 imported only when a run first needs them): Sigmoid and SiLU (x * sigmoid(x)) in one pass
-instead of numpy's five, each writing elements [lo, hi).
+instead of numpy's five, HardSwish in one instead of four, each writing elements [lo, hi).
 
 float32 works in blocks of 1024: a first loop computes exp(-x) as p(r) 2^k (the range
 reduction and degree-7 polynomial of _numba_jit, relative error 2e-7) with the 2^k bits
@@ -79,3 +79,13 @@ def silu_flat(x, lo, hi, y):
             pb[i] = _F1 / (_F1 + pb[i] * fb[i])
         for i in range(m):
             y[np.uintp(b0 + i)] = x[np.uintp(b0 + i)] * pb[i]
+
+
+def hardswish_flat(x, lo, hi, y):
+    """y[i] = x[i] * clamp(x[i] / 6 + 1/2, 0, 1) for i in [lo, hi) (one pass; numpy's four)."""
+    for i in range(lo, hi):
+        j = np.uintp(i)
+        v = x[j]
+        g = v * (1.0 / 6.0) + 0.5
+        g = 0.0 if g < 0.0 else (1.0 if g > 1.0 else g)
+        y[j] = v * g

@@ -155,7 +155,7 @@ def _flat_signature(dt: np.dtype) -> tuple:
             types.Array(f, 1, "C"))
 
 
-for _name in ("sigmoid_flat", "silu_flat"):
+for _name in ("sigmoid_flat", "silu_flat", "hardswish_flat"):
     _numba.register(_name, "onnxkiln.providers.cpu._numba_act", _flat_signature,
                     (np.float32, np.float64), {"reassoc", "contract", "nsz", "arcp"})
 

@@ -209,7 +209,9 @@ def hard_swish(info: NodeInfo) -> Callable[..., Any]:
         _uclip(y, 0, 1, out=y)
         return np.multiply(y, x, out=y)
 
-    return _float_kernel(info, run)
+    kernel_fn = _float_kernel(info, run)
+    kernel_fn.specialize = _flat_specializer("hardswish_flat")
+    return kernel_fn
 
 
 # --------------------------------------------------------------------------------------
