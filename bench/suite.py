@@ -385,7 +385,40 @@ def bench_overhead(args: argparse.Namespace, threads: int, engines: list[str],
     us = result["us_per_op"]
     if "onnxkiln" in us and "onnxruntime" in us:
         result["kiln_minus_ort_us"] = us["onnxkiln"] - us["onnxruntime"]
+    result["per_run_us"] = _per_run_cost(threads, [e for e in engines if e != "reference"],
+                                         rng)
     return result
+
+
+def _per_run_cost(threads: int, engines: list[str], rng: random.Random, runs: int = 2000,
+                  samples: int = 7) -> dict[str, float]:
+    """µs per `run` of an Identity model (the fixed cost of a call: input checks, thread
+    setup, output finishing), median of `samples` blocks of back-to-back runs, engines
+    alternating in a shuffled order."""
+    from onnx import helper
+
+    from onnxkiln.testing import make_model, tensor_info
+
+    model = make_model([helper.make_node("Identity", ["x"], ["y"])],
+                       [tensor_info("x", np.float32, [1, 4])],
+                       [tensor_info("y", np.float32, [1, 4])], name="identity")
+    data = model.SerializeToString()
+    feeds = {"x": np.ones((1, 4), np.float32)}
+    fns = {e: make_engine(e, data, threads) for e in engines}
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    for fn in fns.values():
+        for _ in range(100):
+            fn(feeds)
+    for _ in range(samples):
+        order = list(engines)
+        rng.shuffle(order)
+        for e in order:
+            fn = fns[e]
+            start = time.perf_counter()
+            for _ in range(runs):
+                fn(feeds)
+            times[e].append((time.perf_counter() - start) / runs * 1e6)
+    return {e: float(np.median(t)) for e, t in times.items()}
 
 
 def bench_creation(args: argparse.Namespace, threads: int, rng: random.Random,
@@ -505,7 +538,12 @@ def format_memory(results: dict[str, Any], markdown: bool = False) -> str:
 def format_overhead(o: dict[str, Any]) -> str:
     us = o["us_per_op"]
     parts = [f"{e} {us[e]:.2f} us/op" for e in ENGINES if e in us]
-    return f"dispatch overhead ({o['nodes']} chained one-element Adds): " + ", ".join(parts)
+    text = f"dispatch overhead ({o['nodes']} chained one-element Adds): " + ", ".join(parts)
+    per_run = o.get("per_run_us")
+    if per_run:
+        text += "; per-run cost (Identity model): " + ", ".join(
+            f"{e} {v:.1f} us" for e, v in per_run.items())
+    return text
 
 
 def format_creation(c: dict[str, Any]) -> str:
