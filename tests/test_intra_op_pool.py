@@ -187,9 +187,11 @@ def test_split_matmul_matches_the_single_call_bit_for_bit():
 
 
 def test_a_pool_whose_workers_do_not_keep_up_runs_inline_for_a_while(monkeypatch):
-    """Busy cores (simulated: the worker sits in its chunk) make the pool back off to the
-    calling thread; once the backoff expires it splits again."""
+    """A dispatch whose threads computed little for its wall time (simulated: the worker sits
+    in its chunk, as a descheduled one would) makes the pool back off to the calling thread;
+    once the backoff expires it splits again, and a dispatch that computes keeps it so."""
     monkeypatch.setattr(pool, "BACKOFF_MIN_S", 0.2)
+    work = np.random.default_rng(0).standard_normal(400_000)
     p = IntraOpPool(2)
     caller = threading.get_ident()
     stall = threading.Event()
@@ -207,7 +209,13 @@ def test_a_pool_whose_workers_do_not_keep_up_runs_inline_for_a_while(monkeypatch
     p.parallel_for(8, lambda i: where.append(threading.get_ident()))
     assert set(where) == {caller} and p.inline == 1  # backing off: inline
     time.sleep(0.25)
-    p.parallel_for(16, lambda i: (time.sleep(0.005), where.append(threading.get_ident())))
+
+    def compute(i: int) -> None:  # CPU work that releases the GIL
+        for _ in range(3):
+            np.exp(work)
+        where.append(threading.get_ident())
+
+    p.parallel_for(16, compute)
     assert p.dispatched == 2 and len(set(where)) == 2  # split again, and the worker helped
-    assert p.stalls == 1
+    assert p.stalls <= 2  # 1 from the stalled worker; a loaded machine may add one
     p.shutdown()

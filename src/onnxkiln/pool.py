@@ -6,11 +6,12 @@ claims the remaining chunks itself and waits only for chunks already running. Id
 workers sleep on a lock (a futex), never spin. Chunks run numpy/BLAS calls or `nogil`
 numba kernels, which release the GIL, so the threads really run at once.
 
-When the workers do not keep up (the caller claims every chunk because no worker woke in
-time, or waits long for a chunk a descheduled worker holds), the cores are busy with other
-work; the pool then runs calls inline for a while (BACKOFF_MIN_S, doubling up to
-BACKOFF_MAX_S while it keeps happening) and tries again, so under contention a run costs
-what it costs on one thread instead of waiting on preempted workers.
+When a dispatch shows the split did not pay (the threads' CPU time over the call's wall
+time, its parallel efficiency, stayed under MIN_EFFICIENCY: the cores are busy with other
+work, or no worker woke in time), the pool runs calls inline for a while (BACKOFF_MIN_S,
+doubling up to BACKOFF_MAX_S while it keeps happening) and tries again, so under
+contention a run costs what it costs on one thread instead of waiting on preempted
+workers.
 
 One pool per thread count is shared by every session of the process. A run enters it
 with `run_scope(threads)`; kernels call `parallel_for(n, fn)`, which runs `fn(i)` for
@@ -36,18 +37,17 @@ __all__ = ["IntraOpPool", "active_threads", "parallel_for", "pool_for", "run_ent
 _local = threading.local()  # .pool: the pool of the run in progress on this thread
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
-STALL_SHARE = 0.3
+MIN_EFFICIENCY = 1.25
 STALL_MIN_S = 300e-6
-"""A dispatch counts as stalled when no worker took part during at least STALL_MIN_S of
-the caller's own work (a worker wakes in ~30 us on an idle core), or when the caller then
-waited for other threads' chunks longer than STALL_SHARE of its own working time and at
-least a third of STALL_MIN_S. Shorter dispatches say nothing about the cores."""
+"""A dispatch of at least STALL_MIN_S whose threads together computed less than
+MIN_EFFICIENCY times its wall time (2 threads at full speed: 2.0) counts as stalled;
+shorter dispatches say nothing about the cores (a worker wakes in 10-30 us)."""
 
 
 class _Job:
     """One parallel_for call: chunks 0..n-1 claimed through `claim`, counted by `finish`."""
 
-    __slots__ = ("claim", "done", "error", "finish", "fn", "helped", "n")
+    __slots__ = ("claim", "cpu", "done", "error", "finish", "fn", "helped", "n")
 
     def __init__(self, fn: Callable[[int], object], n: int) -> None:
         self.fn = fn
@@ -58,20 +58,23 @@ class _Job:
         self.done.acquire()  # released by whoever finishes the last chunk
         self.error: BaseException | None = None
         self.helped = False  # a worker claimed at least one chunk
+        self.cpu: list[float] = []  # CPU seconds each thread spent on chunks
 
 
 def _work(job: _Job, worker: bool = False) -> None:
-    claim, n, fn = job.claim, job.n, job.fn
+    claim, n, fn, cpu = job.claim, job.n, job.fn, job.cpu
     while True:
         i = claim()
         if i >= n:
             return
         if worker:
             job.helped = True
+        t0 = _cpu()
         try:
             fn(i)
         except BaseException as e:  # re-raised in the caller
             job.error = e
+        cpu.append(_cpu() - t0)  # before finish(): the caller reads it after the last one
         if job.finish() == n:
             job.done.release()
 
@@ -131,28 +134,25 @@ class IntraOpPool:
                 if worker.wake.locked():  # else a wake is still pending: it will see this job
                     worker.wake.release()
             _work(job)
-            mine = _now()
             job.done.acquire()  # chunks other threads claimed
-            self._observe(job.helped, start, mine, _now())
+            self._observe(sum(job.cpu), _now() - start)
             self.dispatched += 1
         finally:
             self._busy.release()
         if job.error is not None:
             raise job.error
 
-    def _observe(self, helped: bool, start: float, mine: float, end: float) -> None:
-        """Back off (run inline for a while) after a dispatch the workers did not keep up
-        with; a good one resets the backoff."""
-        work, wait = mine - start, end - mine
-        lonely = not helped and work >= STALL_MIN_S
-        waited = wait > STALL_SHARE * work and wait >= STALL_MIN_S / 3
-        if not lonely and not waited:
-            if helped:
-                self._backoff = BACKOFF_MIN_S
-                self._resume_at = 0.0
+    def _observe(self, cpu: float, wall: float) -> None:
+        """Back off (run inline for a while) after a dispatch that did not pay: its threads
+        computed less than MIN_EFFICIENCY times its wall time; a good one resets it."""
+        if wall < STALL_MIN_S:
+            return
+        if cpu >= MIN_EFFICIENCY * wall:
+            self._backoff = BACKOFF_MIN_S
+            self._resume_at = 0.0
             return
         self.stalls += 1
-        self._resume_at = end + self._backoff
+        self._resume_at = _now() + self._backoff
         self._backoff = min(2 * self._backoff, BACKOFF_MAX_S)
 
     def shutdown(self) -> None:
@@ -168,6 +168,7 @@ class IntraOpPool:
 
 
 _now = time.perf_counter
+_cpu = time.thread_time  # this thread's CPU time: a descheduled thread's clock stands still
 _pools: dict[int, IntraOpPool] = {}
 _pools_lock = threading.Lock()
 
