@@ -54,8 +54,9 @@ def gemm_cases(threads: int):
                     (128, 256, 512), (128, 512, 768), (256, 768, 768), (512, 768, 768)]:
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
-        ranges = _gemm.split_ranges(n, 2 * threads, _gemm.COL_ALIGN)
-        split = _gemm.Split(1, ranges)
+        split = _gemm.plan_split(m, k, n, threads) if 2 * m * k * n >= 1 else None
+        if split is None:  # below the threshold plan_split declines: cut as it would
+            split = _gemm.Split(1, _gemm.split_ranges(n, threads, _gemm.COL_ALIGN))
         yield (f"gemm {m}x{k}x{n}", 2 * m * k * n, lambda a=a, b=b: np.matmul(a, b),
                lambda a=a, b=b, s=split: _gemm.matmul_split(a, b, s))
 
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     from onnxkiln import pool
 
     pool.BACKOFF_MIN_S = pool.BACKOFF_MAX_S = 0.0
+    _gemm.SPLIT_MIN_FLOPS = 0  # plan_split's cut for every size
     for family in (gemm_cases, row_cases, depthwise_cases):
         print(f"\n{family.__name__.replace('_cases', '')}: median us whole / split "
               f"({args.threads} threads)")

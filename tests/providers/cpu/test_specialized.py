@@ -25,7 +25,6 @@ def small_split_thresholds(monkeypatch):
     monkeypatch.setattr(_gemm, "SPLIT_MIN_FLOPS", 2_000_000)
     monkeypatch.setattr(_row_kernels, "ROWS_SPLIT_MIN", 1 << 16)
     monkeypatch.setattr(_conv_special, "DW_SPLIT_MIN", 50_000)
-    monkeypatch.setattr(_conv_special, "IM2COL_CHUNK_FLOPS", 1_000_000)
     monkeypatch.setattr(_elementwise, "SPLIT_MIN_ELEMENTS", 1 << 17)
     monkeypatch.setattr(pool, "BACKOFF_MIN_S", 0.0)  # a stall must not turn the splits off
     monkeypatch.setattr(pool, "BACKOFF_MAX_S", 0.0)

@@ -56,7 +56,6 @@ channels-last kernel (measured: 14x14 and 7x7 maps 1.5-3x faster than stride-pha
 DW_SPLIT_MIN = 1_000_000
 """Multiply-adds below which a depthwise conv runs on one thread (bench/thresholds.py, quiet
 2-core VM: 226K split 1.56x the whole, 1M 0.94x, 2.7M 0.84x)."""
-IM2COL_CHUNK_FLOPS = 40_000_000  # about this much work per im2col chunk when split
 
 
 def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
@@ -85,16 +84,20 @@ def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
 
 def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
                 out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
-    """An im2col conv of one image and one group, chunked over output rows (module doc)."""
+    """An im2col conv of one image and one group (module doc). Large maps are cut into
+    chunks of output rows, each copying and multiplying its own columns; small maps with
+    many output channels build the columns once and split W's rows instead (a thin column
+    chunk would repack all of W for a few columns)."""
     m, k = wm.shape
     c = k // math.prod(geo.kernel)
     nsp = len(geo.out)
     rows, inner = geo.out[0], math.prod(geo.out[1:])
-    flops = 2 * m * k * rows * inner
+    positions = rows * inner
     threads = active_threads()
-    parts = 1 if threads < 2 or flops < _gemm.SPLIT_MIN_FLOPS else max(
-        1, min(rows, 4 * threads, flops // IM2COL_CHUNK_FLOPS))
-    ranges = split_ranges(rows, parts, 1)
+    big = threads > 1 and 2 * m * k * positions >= _gemm.SPLIT_MIN_FLOPS
+    by_rows = big and positions >= _gemm.COL_ALIGN * threads * 2 and rows >= threads
+    ranges = split_ranges(rows, threads, 1) if by_rows else ((0, rows),)
+    w_split = None if by_rows else _gemm.plan_split(m, k, positions, threads)
     b = None if bias is None else bias.reshape(m, 1)
     dt = wm.dtype
 
@@ -107,16 +110,20 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
             strides=(s_c, *(s * d for s, d in zip(s_sp, geo.dilations)),
                      *(s * st for s, st in zip(s_sp, geo.strides))),
             writeable=False)
-        y = np.empty((m, rows * inner), dt) if out is None else out.reshape(m, rows * inner)
+        y = np.empty((m, positions), dt) if out is None else out.reshape(m, positions)
 
         def chunk(i: int) -> None:
             lo, hi = ranges[i]
             part = view[(Ellipsis, slice(lo, hi), *(slice(None),) * (nsp - 1))]
             cols = np.empty(part.shape, dt)
             np.copyto(cols, part, casting="unsafe")
-            np.matmul(wm, cols.reshape(k, -1), out=y[:, lo * inner:hi * inner])
+            matmul_split(wm, cols.reshape(k, -1), w_split if not by_rows else None,
+                         out=y[:, lo * inner:hi * inner])
 
-        parallel_for(len(ranges), chunk)
+        if by_rows:
+            parallel_for(len(ranges), chunk)
+        else:
+            chunk(0)  # one set of columns; W's rows split across the pool (w_split)
         if b is not None:
             y += b
         return y.reshape(out_shape)

@@ -49,17 +49,19 @@ def split_ranges(size: int, parts: int, align: int) -> tuple[tuple[int, int], ..
 
 
 def plan_split(m: int, k: int, n: int, threads: int) -> Split | None:
-    """The split of an (m, k) @ (k, n) product for `threads` threads, or None (whole)."""
-    flops = 2 * m * k * n
-    if threads < 2 or flops < SPLIT_MIN_FLOPS:
+    """The split of an (m, k) @ (k, n) product for `threads` threads, or None (whole).
+
+    One chunk per thread: each chunk repacks the operand it shares (A for a column split,
+    B for a row split), so more chunks cost more packing. The longer output side is cut,
+    keeping chunks at least COL_ALIGN columns or ROW_ALIGN rows wide (BLAS is slow on
+    thinner slices)."""
+    if threads < 2 or 2 * m * k * n < SPLIT_MIN_FLOPS:
         return None
-    parts = min(2 * threads, max(threads, flops // MIN_CHUNK_FLOPS))
-    if n >= COL_ALIGN * threads:
-        ranges = split_ranges(n, min(parts, -(-n // COL_ALIGN)), COL_ALIGN)
-        return Split(1, ranges) if len(ranges) > 1 else None
-    if m >= ROW_ALIGN * threads:
-        ranges = split_ranges(m, min(parts, m // ROW_ALIGN), ROW_ALIGN)
-        return Split(0, ranges) if len(ranges) > 1 else None
+    cols_ok, rows_ok = n >= COL_ALIGN * threads, m >= ROW_ALIGN * threads
+    if cols_ok and (n >= m or not rows_ok):
+        return Split(1, split_ranges(n, threads, COL_ALIGN))
+    if rows_ok:
+        return Split(0, split_ranges(m, threads, ROW_ALIGN))
     return None
 
 
