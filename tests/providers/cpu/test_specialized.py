@@ -323,6 +323,46 @@ def test_conv_specialised_paths(c, h, k, s, g, n, d, threads, fused):
         assert "depthwise" in variant and variant.endswith("_numba")
 
 
+EPILOGUE_CONVS = [  # channels, size, kernel, stride, group, pad: each conv path
+    (8, 20, 1, 1, 1, 0),  # 1x1 GEMM
+    (6, 13, 3, 1, 1, 1),  # im2col
+    (16, 40, 3, 1, 16, 1),  # depthwise over stride-phase planes, several row blocks
+    (16, 33, 3, 2, 16, 1),  # the same at stride 2 (both column phases read together)
+    (16, 31, 5, 2, 16, 0),  # stride 2, no padding, odd width
+    (16, 30, 5, 2, 16, 2),  # stride 2, two columns of padding
+    (32, 7, 3, 1, 32, 1),  # depthwise channels-last (small map)
+]
+ACTIVATIONS = [("Relu", []), ("Clip", [-0.5, 0.75]), ("LeakyRelu", [0.1]),
+               ("HardSigmoid", [0.2, 0.5]), ("Tanh", [])]  # Tanh: numpy after the conv
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("c", "h", "k", "s", "g", "pad"), EPILOGUE_CONVS)
+@pytest.mark.parametrize(("act", "params"), ACTIVATIONS)
+def test_fused_conv_epilogue_matches_onnxruntime(c, h, k, s, g, pad, act, params, threads):
+    """The conv applies FusedConv's activation as it writes its output; a NaN stays NaN."""
+    m = c if g == c else 12
+    x = RNG.standard_normal((2, c, h, h)).astype(np.float32)
+    x[0, 0, 1, 1] = np.nan
+    w = RNG.standard_normal((m, c // g, k, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    extra = {"activation_params": params} if params else {}
+    node = helper.make_node("FusedConv", ["x", "w", "b"], ["y"], domain="com.microsoft",
+                            activation=act, group=g, pads=[pad] * 4, strides=[s, s], **extra)
+    o = (h + 2 * pad - k) // s + 1
+    model = _ms_model(node, [tensor_info("x", np.float32, [2, c, h, h])],
+                      [tensor_info("y", np.float32, [2, m, o, o])], {"w": w, "b": b})
+    first, third, entry = _runs(model, {"x": x}, threads)
+    want = _oracle(model, {"x": x})[0]
+    np.testing.assert_array_equal(np.isnan(third[0]), np.isnan(want))
+    np.testing.assert_allclose(third[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(third[0], first[0], rtol=1e-5, atol=1e-5)
+    assert entry.kernels == 1
+    special = entry.compiled.plan.steps[0].kernel
+    assert special.variant.startswith("fusedconv.")
+    assert special.fused_activation == (act != "Tanh")
+
+
 def test_gather_nd_with_folded_indices_is_specialised():
     nodes = [helper.make_node("Shape", ["x"], ["sh"]),
              helper.make_node("Gather", ["sh", "one"], ["n"], axis=0),

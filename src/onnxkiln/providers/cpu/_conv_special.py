@@ -13,12 +13,19 @@ geometry, the weight matrix in the layout its path wants, the bias, the thread s
   pool in blocks of 16.
 - anything else keeps conv.py's runner for its plan kind, with the plan and prepared
   weights bound.
+
+The bias and, for FusedConv, an activation (an `Epilogue`) are applied by one numba pass
+over each image's output (`bias_act_rows`) or by the depthwise kernels as they write it:
+numpy took one pass for the bias and one or two for the activation, each over an output
+that is often larger than the L2 cache (MobileNet's 112x112 maps at batch 4: three passes
+over 13 MB cost twice the 1x1 product itself).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -28,8 +35,8 @@ from onnxkiln.providers.cpu import _gemm, _numba
 from onnxkiln.providers.cpu._gemm import matmul_split, plan_split, split_ranges
 from onnxkiln.providers.cpu._window import Geometry, padded_copy
 
-__all__ = ["CL_MAX_POSITIONS", "depthwise_call", "im2col_call", "one_by_one_call",
-           "per_image_call"]
+__all__ = ["CL_MAX_POSITIONS", "Epilogue", "depthwise_call", "epilogue_for", "finisher",
+           "im2col_call", "one_by_one_call", "per_image_call"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -45,22 +52,88 @@ def _depthwise_signature(dt: np.dtype) -> tuple:
             types.Array(f, 4, "C"))
 
 
+def _bias_act_signature(dt: np.dtype) -> tuple:
+    """(y, bias, code, a, b, c0, c1) of bias_act_rows."""
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 2, "C"), types.Array(f, 1, "C", readonly=True), i64, f, f, i64, i64)
+
+
+_numba.register("bias_act_rows", "onnxkiln.providers.cpu._numba_conv", _bias_act_signature,
+                (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
+
+
+def _depthwise_act_signature(dt: np.dtype) -> tuple:
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    return (*_depthwise_signature(dt), types.int64, f, f)
+
+
 for _kind in ("planes", "cl"):
     _numba.register(f"depthwise_{_kind}", "onnxkiln.providers.cpu._numba_conv",
-                    _depthwise_signature, (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
+                    _depthwise_act_signature, (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
 
-CL_MAX_POSITIONS = 256
+CL_MAX_POSITIONS = 64
 """Depthwise convs with at most this many output positions per channel take the
-channels-last kernel (measured: 14x14 and 7x7 maps 1.5-3x faster than stride-phase planes;
-28x28 and larger slower)."""
+channels-last kernel (measured with row-blocked planes: 7x7 maps 2.2x faster than
+stride-phase planes; 14x14 maps 1.6-1.7x slower at 3x3, equal at 5x5)."""
 DW_SPLIT_MIN = 1_000_000
 """Multiply-adds below which a depthwise conv runs on one thread (bench/thresholds.py, quiet
 2-core VM: 226K split 1.56x the whole, 1M 0.94x, 2.7M 0.84x)."""
 
 
+class Epilogue(NamedTuple):
+    """An activation the conv applies as it finishes its output: `code` and parameters
+    (a, b) as _numba_conv._act reads them."""
+
+    code: int
+    a: float = 0.0
+    b: float = 0.0
+
+
+def epilogue_for(name: str, params: tuple[float, ...]) -> Epilogue | None:
+    """The Epilogue of FusedConv activation `name` with its parameters in FusedConv's order,
+    or None when the conv cannot apply it itself (Tanh, Sigmoid: numpy applies them)."""
+    if name == "Relu":
+        return Epilogue(1, 0.0, math.inf)
+    if name == "Clip" and len(params) == 2:
+        return Epilogue(1, float(params[0]), float(params[1]))
+    if name == "LeakyRelu" and len(params) == 1:
+        return Epilogue(2, float(params[0]))
+    if name == "HardSigmoid" and len(params) == 2:
+        return Epilogue(3, float(params[0]), float(params[1]))
+    return None
+
+
+Finish = Callable[[np.ndarray, int, int], None]
+"""finish(y, c0, c1): bias and activation over columns [c0, c1) of a C-contiguous (M, P) y."""
+
+
+def finisher(bias: np.ndarray | None, epilogue: Epilogue | None, dt: np.dtype,
+             ) -> Finish | None:
+    """The one-pass bias + activation of `bias_act_rows` for dtype dt; None when there is
+    nothing to do or numba is off (callers then add the bias with numpy and leave the
+    activation to their caller)."""
+    if bias is None and epilogue is None:
+        return None
+    handle = _numba.lazy("bias_act_rows", dt)
+    if handle is None or not handle.ready():
+        return None
+    fn = handle.fn
+    b = np.empty(0, dt) if bias is None else bias
+    code, pa, pb = epilogue or Epilogue(0)
+    ta, tb = dt.type(pa), dt.type(pb)
+    return lambda y, c0, c1: fn(y, b, code, ta, tb, c0, c1)
+
+
 def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
-                    out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
-    """A 1x1 conv of one image and one group: (M, C) @ (C, H*W), split over columns."""
+                    out_shape: tuple[int, ...], finish: Finish | None = None,
+                    ) -> Callable[..., np.ndarray]:
+    """A 1x1 conv of one image and one group: (M, C) @ (C, H*W), split over columns; the
+    bias (and epilogue) by `finish` when given, else the bias by numpy."""
     m, c = wm.shape
     positions = math.prod(geo.out)
     split = plan_split(m, c, positions, active_threads())
@@ -75,7 +148,9 @@ def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
         if xm.dtype != wm.dtype:
             xm = xm.astype(wm.dtype)
         y = matmul_split(wm, xm, split, None if out is None else out.reshape(m, positions))
-        if b is not None:
+        if finish is not None:
+            finish(y, 0, positions)
+        elif b is not None:
             y += b
         return y.reshape(out_shape)
 
@@ -83,11 +158,13 @@ def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
 
 
 def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
-                out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+                out_shape: tuple[int, ...], finish: Finish | None = None,
+                ) -> Callable[..., np.ndarray]:
     """An im2col conv of one image and one group (module doc). Large maps are cut into
-    chunks of output rows, each copying and multiplying its own columns; small maps with
-    many output channels build the columns once and split W's rows instead (a thin column
-    chunk would repack all of W for a few columns)."""
+    chunks of output rows, each copying and multiplying its own columns (and finishing
+    them with `finish` while they are in cache); small maps with many output channels
+    build the columns once and split W's rows instead (a thin column chunk would repack
+    all of W for a few columns)."""
     m, k = wm.shape
     c = k // math.prod(geo.kernel)
     nsp = len(geo.out)
@@ -119,12 +196,14 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
             np.copyto(cols, part, casting="unsafe")
             matmul_split(wm, cols.reshape(k, -1), w_split if not by_rows else None,
                          out=y[:, lo * inner:hi * inner])
+            if finish is not None:
+                finish(y, lo * inner, hi * inner)
 
         if by_rows:
             parallel_for(len(ranges), chunk)
         else:
             chunk(0)  # one set of columns; W's rows split across the pool (w_split)
-        if b is not None:
+        if finish is None and b is not None:
             y += b
         return y.reshape(out_shape)
 
@@ -146,9 +225,11 @@ def per_image_call(one: Callable[..., np.ndarray], out_shape: tuple[int, ...],
 
 
 def depthwise_call(fn: Callable, kind: str, geo: Geometry, w: np.ndarray, bias: np.ndarray,
-                   out_shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+                   out_shape: tuple[int, ...], epilogue: Epilogue | None = None,
+                   ) -> Callable[..., np.ndarray]:
     """A 2-D depthwise conv through numba kernel `fn` ("planes" or "cl"; w prepared for it:
-    (C, KH, KW) or (KH, KW, C)), channels split across the pool in blocks of 16."""
+    (C, KH, KW) or (KH, KW, C)), channels split across the pool in blocks of 16; the kernel
+    applies `epilogue` as it writes the output."""
     channels = out_shape[1]
     params = (*geo.strides, *geo.dilations, *geo.pads_begin)
     work = math.prod(out_shape) * math.prod(geo.kernel)
@@ -157,15 +238,17 @@ def depthwise_call(fn: Callable, kind: str, geo: Geometry, w: np.ndarray, bias: 
     if threads > 1 and work >= DW_SPLIT_MIN and channels >= 32:
         ranges = split_ranges(channels, min(2 * threads, channels // 16), 16)
     dt = w.dtype
+    code, pa, pb = epilogue or Epilogue(0)
+    act = (code, dt.type(pa), dt.type(pb))
 
     def run(x: np.ndarray, *_: object) -> np.ndarray:
         x4 = np.ascontiguousarray(x, dtype=dt)
         out = np.empty(out_shape, dt)
         if len(ranges) == 1:
-            fn(x4, w, bias, params, 0, channels, out)
+            fn(x4, w, bias, params, 0, channels, out, *act)
         else:
             parallel_for(len(ranges), lambda i: fn(x4, w, bias, params, ranges[i][0],
-                                                   ranges[i][1], out))
+                                                   ranges[i][1], out, *act))
         return out
 
     run.variant = f"conv.depthwise_{kind}_numba"

@@ -20,6 +20,7 @@ import numpy as np
 from onnxkiln.pool import active_threads
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
+from onnxkiln.providers.cpu._conv_special import epilogue_for
 from onnxkiln.providers.cpu._gemm import (
     SMALL_M_MAX,
     few_rows_product,
@@ -299,11 +300,16 @@ def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
             y += z
         return _activate(y, act)
 
+    has_z = info.n_inputs > 3 and info.input_present[3]
+    epilogue = None if has_z else epilogue_for(name, tuple(plist))
+
     def specialize(dtypes, shapes, consts):
-        """Conv's specialisation, the activation (and Z) applied to its fresh output."""
-        inner = conv.specialize(dtypes[:3], shapes[:3], consts[:3])
+        """Conv's specialisation, with the activation as its epilogue where Conv's path can
+        apply it (no Z), else the activation (and Z) applied to its fresh output."""
+        inner = conv.specialize(dtypes[:3], shapes[:3], consts[:3], epilogue=epilogue)
         if inner is None:
             return None
+        post = None if epilogue is not None and inner.epilogue == epilogue else act
 
         def special(x, w, b=None, z=None):
             y = inner(x, w, b)
@@ -312,9 +318,10 @@ def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
                     raise ValueError(f"{op}: Z must have the output's shape {y.shape}, got "
                                      f"{z.shape}")
                 y += z
-            return _activate(y, act)
+            return _activate(y, post)
 
         special.variant = "fusedconv." + (getattr(inner, "variant", "") or ".").split(".", 1)[-1]
+        special.fused_activation = post is None and act is not None  # applied by the conv
         special.variant_reason = getattr(inner, "variant_reason", None)
         return special
 

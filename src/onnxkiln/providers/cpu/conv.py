@@ -334,8 +334,10 @@ def conv(info: NodeInfo):
         run.variant, run.variant_reason = plan.variant, plan.reason
         return execute(plan, x, w, b, cdt)
 
-    def specialize(dtypes, shapes, consts):
-        """Plan, weights and thread split for one input signature (_conv_special)."""
+    def specialize(dtypes, shapes, consts, epilogue=None):
+        """Plan, weights and thread split for one input signature (_conv_special). FusedConv
+        passes its activation as `epilogue`; the result's `epilogue` attribute says whether
+        it applies it (else None: the caller must)."""
         sx, sw_, dt = shapes[0], shapes[1], dtypes[0]
         if sx is None or sw_ is None or dt is None or w_const is None or (
                 len(shapes) > 2 and shapes[2] is not None and b_const is None):
@@ -343,12 +345,14 @@ def conv(info: NodeInfo):
         cdt = compute_dtype(dt)
         _check_channels("Conv", np.empty(sx, cdt), w_const, group, transpose=False)
         plan = plan_for(sx, sw_, cdt)
-        special = _special_runner(plan, group, w_const, b_const, cdt, dt, depthwise_fns)
+        special = _special_runner(plan, group, w_const, b_const, cdt, dt, depthwise_fns,
+                                  epilogue)
         if special is None:
             def special(x, w, b=None):
                 return execute(plan, x, w, b, cdt)
 
             special.variant = plan.variant
+            special.epilogue = None
         special.variant_reason = plan.reason
         return special
 
@@ -358,8 +362,10 @@ def conv(info: NodeInfo):
 
 
 def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | None,
-                    cdt: np.dtype, dt: np.dtype, depthwise_fns: dict) -> Callable | None:
-    """The fast path of _conv_special for this plan, or None (keep the plan's runner)."""
+                    cdt: np.dtype, dt: np.dtype, depthwise_fns: dict,
+                    epilogue: _conv_special.Epilogue | None) -> Callable | None:
+    """The fast path of _conv_special for this plan, or None (keep the plan's runner); its
+    `epilogue` attribute is the epilogue it applies (None when it leaves it)."""
     if dt != cdt:
         return None
     nsp = len(plan.geo.out)
@@ -367,10 +373,12 @@ def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | 
     if plan.kind in ("1x1", "im2col") and group == 1:
         wm = np.ascontiguousarray(np.asarray(w, dtype=cdt).reshape(w.shape[0], -1))
         make = _conv_special.one_by_one_call if plan.kind == "1x1" else _conv_special.im2col_call
-        special = make(plan.geo, wm, bias, (1, *plan.out_shape[1:]))
+        finish = _conv_special.finisher(bias, epilogue, cdt)
+        special = make(plan.geo, wm, bias, (1, *plan.out_shape[1:]), finish)
         if plan.n > 1:
             special = _conv_special.per_image_call(special, plan.out_shape, cdt)
         special.variant = plan.variant
+        special.epilogue = epilogue if finish is not None else None
         return special
     depthwise = group > 1 and w.shape[0] == group and w.shape[1] == 1 and nsp == 2
     if depthwise and plan.kind == "numba":
@@ -382,7 +390,10 @@ def _special_runner(plan: _ConvPlan, group: int, w: np.ndarray, b: np.ndarray | 
         taps = np.asarray(w, dtype=cdt)[:, 0]
         wk = np.ascontiguousarray(taps.transpose(1, 2, 0) if small else taps)
         flat = bias if bias is not None else np.zeros(w.shape[0], cdt)
-        return _conv_special.depthwise_call(handle.fn, kind, plan.geo, wk, flat, plan.out_shape)
+        special = _conv_special.depthwise_call(handle.fn, kind, plan.geo, wk, flat,
+                                               plan.out_shape, epilogue)
+        special.epilogue = epilogue
+        return special
     return None
 
 
