@@ -6,12 +6,14 @@ claims the remaining chunks itself and waits only for chunks already running. Id
 workers sleep on a lock (a futex), never spin. Chunks run numpy/BLAS calls or `nogil`
 numba kernels, which release the GIL, so the threads really run at once.
 
-When a dispatch shows the split did not pay (the threads' CPU time over the call's wall
-time, its parallel efficiency, stayed under MIN_EFFICIENCY: the cores are busy with other
-work, or no worker woke in time), the pool runs calls inline for a while (BACKOFF_MIN_S,
-doubling up to BACKOFF_MAX_S while it keeps happening) and tries again, so under
-contention a run costs what it costs on one thread instead of waiting on preempted
-workers.
+When a dispatch shows the workers are being preempted (a worker's chunks got less than
+MIN_RUNNING of their wall time on a core, or no worker joined a dispatch that lasted
+NO_HELP_MIN_S: the cores are busy with other work), the pool runs calls inline for a while
+(BACKOFF_MIN_S, doubling up to BACKOFF_MAX_S while it keeps happening) and tries again, so
+under contention a run costs what it costs on one thread instead of waiting on preempted
+workers. A worker's late start does not count: waking a sleeping thread takes 50-120 us on
+the development VM (an idle virtual CPU is halted), which an efficiency measure over the
+whole dispatch read as a stall on a quiet machine and turned good splits off.
 
 One pool per thread count is shared by every session of the process. A run enters it
 with `run_scope(threads)`; kernels call `parallel_for(n, fn)`, which runs `fn(i)` for
@@ -35,19 +37,23 @@ __all__ = ["IntraOpPool", "active_threads", "parallel_for", "pool_for", "run_ent
            "run_leave", "run_scope"]
 
 _local = threading.local()  # .pool: the pool of the run in progress on this thread
-BACKOFF_MIN_S = 0.02
+BACKOFF_MIN_S = 0.005
 BACKOFF_MAX_S = 1.0
-MIN_EFFICIENCY = 1.25
+MIN_RUNNING = 0.6
 STALL_MIN_S = 300e-6
-"""A dispatch of at least STALL_MIN_S whose threads together computed less than
-MIN_EFFICIENCY times its wall time (2 threads at full speed: 2.0) counts as stalled;
-shorter dispatches say nothing about the cores (a worker wakes in 10-30 us)."""
+NO_HELP_MIN_S = 1e-3
+"""A worker whose chunks of a dispatch of at least STALL_MIN_S ran at least STALL_MIN_S / 2
+and got less than MIN_RUNNING of that time on a core (its CPU clock stands still while it
+is descheduled; two busy processes on two cores leave it about half), or a dispatch of at
+least NO_HELP_MIN_S that no worker joined, counts as stalled. On the quiet development VM
+5-10% of workers' chunks fall under 0.9 (the GIL, cache misses), 1 in 500 under 0.6; one
+dispatch in 60 of 0.3-1 ms ends before the worker wakes."""
 
 
 class _Job:
     """One parallel_for call: chunks 0..n-1 claimed through `claim`, counted by `finish`."""
 
-    __slots__ = ("claim", "cpu", "done", "error", "finish", "fn", "helped", "n")
+    __slots__ = ("claim", "done", "error", "finish", "fn", "n", "worker")
 
     def __init__(self, fn: Callable[[int], object], n: int) -> None:
         self.fn = fn
@@ -57,24 +63,23 @@ class _Job:
         self.done = threading.Lock()
         self.done.acquire()  # released by whoever finishes the last chunk
         self.error: BaseException | None = None
-        self.helped = False  # a worker claimed at least one chunk
-        self.cpu: list[float] = []  # CPU seconds each thread spent on chunks
+        self.worker: list[tuple[float, float]] = []  # (CPU, wall) seconds of workers' chunks
 
 
 def _work(job: _Job, worker: bool = False) -> None:
-    claim, n, fn, cpu = job.claim, job.n, job.fn, job.cpu
+    claim, n, fn = job.claim, job.n, job.fn
     while True:
         i = claim()
         if i >= n:
             return
         if worker:
-            job.helped = True
-        t0 = _cpu()
+            c0, w0 = _cpu(), _now()
         try:
             fn(i)
         except BaseException as e:  # re-raised in the caller
             job.error = e
-        cpu.append(_cpu() - t0)  # before finish(): the caller reads it after the last one
+        if worker:  # before finish(): the caller reads it after the last chunk
+            job.worker.append((_cpu() - c0, _now() - w0))
         if job.finish() == n:
             job.done.release()
 
@@ -135,19 +140,22 @@ class IntraOpPool:
                     worker.wake.release()
             _work(job)
             job.done.acquire()  # chunks other threads claimed
-            self._observe(sum(job.cpu), _now() - start)
+            self._observe(job.worker, _now() - start)
             self.dispatched += 1
         finally:
             self._busy.release()
         if job.error is not None:
             raise job.error
 
-    def _observe(self, cpu: float, wall: float) -> None:
-        """Back off (run inline for a while) after a dispatch that did not pay: its threads
-        computed less than MIN_EFFICIENCY times its wall time; a good one resets it."""
-        if wall < STALL_MIN_S:
+    def _observe(self, worker: list[tuple[float, float]], wall: float) -> None:
+        """Back off (run inline for a while) after a dispatch whose workers were preempted
+        (module doc); one whose workers ran resets it."""
+        if wall < STALL_MIN_S or (not worker and wall < NO_HELP_MIN_S):
             return
-        if cpu >= MIN_EFFICIENCY * wall:
+        cpu, ran = sum(c for c, _ in worker), sum(w for _, w in worker)
+        if worker and ran < STALL_MIN_S / 2:
+            return  # the worker joined late for a short share: says nothing
+        if worker and cpu >= MIN_RUNNING * ran:
             self._backoff = BACKOFF_MIN_S
             self._resume_at = 0.0
             return

@@ -23,8 +23,10 @@ def small_split_thresholds(monkeypatch):
     from onnxkiln.providers.cpu import _conv_special, _elementwise, _gemm, _row_kernels
 
     monkeypatch.setattr(_gemm, "SPLIT_MIN_FLOPS", 2_000_000)
+    monkeypatch.setattr(_gemm, "SPLIT_MIN_S", 0.0)  # constant-B products: split at once
     monkeypatch.setattr(_row_kernels, "ROWS_SPLIT_MIN", 1 << 16)
     monkeypatch.setattr(_conv_special, "DW_SPLIT_MIN", 50_000)
+    monkeypatch.setattr(_conv_special, "IMAGES_SPLIT_MIN_S", 0.0)
     monkeypatch.setattr(_elementwise, "SPLIT_MIN_ELEMENTS", 1 << 17)
     monkeypatch.setattr(pool, "BACKOFF_MIN_S", 0.0)  # a stall must not turn the splits off
     monkeypatch.setattr(pool, "BACKOFF_MAX_S", 0.0)
@@ -461,3 +463,39 @@ def test_hard_swish_specialises_to_one_pass():
     x = (RNG.standard_normal(shape) * 5).astype(np.float32)
     entry = _check(model, {"x": x}, 1, exact=False, rtol=1e-6, atol=1e-6)
     assert _variants(entry) == ["hardswish.numba"]
+
+
+def test_timed_split_takes_the_split_only_after_a_slow_whole_call(monkeypatch):
+    """Constant-B products time their second whole call and split from then on only if it
+    took SPLIT_MIN_S (their cost is memory, not FLOPs); one thread never splits."""
+    import time
+
+    from onnxkiln.pool import run_scope
+    from onnxkiln.providers.cpu import _gemm
+
+    monkeypatch.setattr(_gemm, "SPLIT_MIN_S", 0.005)
+    calls: list[str] = []
+
+    def slow(a):
+        calls.append("whole")
+        time.sleep(0.01)
+        return a
+
+    def fast(a):
+        calls.append("whole")
+        return a
+
+    def split(a):
+        calls.append("split")
+        return a
+
+    with run_scope(2):
+        product = _gemm.timed_split(slow, split)
+        assert [product(i) for i in range(4)] == [0, 1, 2, 3]
+        assert calls == ["whole", "whole", "split", "split"]
+        calls.clear()
+        product = _gemm.timed_split(fast, split)
+        [product(i) for i in range(4)]
+        assert calls == ["whole"] * 4
+    with run_scope(1):
+        assert _gemm.timed_split(slow, split) is slow

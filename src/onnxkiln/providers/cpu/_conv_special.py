@@ -24,6 +24,7 @@ over 13 MB cost twice the 1x1 product itself).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -76,6 +77,11 @@ for _kind in ("planes", "cl"):
     _numba.register(f"depthwise_{_kind}", "onnxkiln.providers.cpu._numba_conv",
                     _depthwise_act_signature, (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
 
+IMAGES_SPLIT_MIN_S = 0.8e-3
+"""The images of a 1x1/im2col conv are split across the pool when one call on the calling
+thread took this long. Their cost follows the output they write and the im2col copies more
+than their FLOPs, so it is timed rather than estimated (measured, 2 threads against 1,
+quiet 2-core VM: 0.3-0.6 ms convs 1.0-1.06x, 2-4 ms ones 1.5x)."""
 CL_MAX_POSITIONS = 64
 """Depthwise convs with at most this many output positions per channel take the
 channels-last kernel (measured with row-blocked planes: 7x7 maps 2.2x faster than
@@ -212,13 +218,27 @@ def im2col_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
 
 def per_image_call(one: Callable[..., np.ndarray], out_shape: tuple[int, ...],
                    dt: np.dtype) -> Callable[..., np.ndarray]:
-    """A conv of N images as N one-image convs `one(x[i:i+1], out=...)`, the images split
-    across the pool (each image's own split then runs on the thread that took it)."""
+    """A conv of N images as N one-image convs `one(x[i:i+1], out=...)`. The first call
+    runs them on the calling thread and times them; from then on they are split across
+    the pool if that took IMAGES_SPLIT_MIN_S or more (each image's own split then runs on
+    the thread that took it). Either way every image is computed the same way, so the
+    choice never changes a bit of the result."""
     n = out_shape[0]
+    split: bool | None = False
+    if active_threads() > 1:
+        split = True if IMAGES_SPLIT_MIN_S <= 0 else None  # None: time the first call
 
     def run(x: np.ndarray, *_: object) -> np.ndarray:
+        nonlocal split
         out = np.empty(out_shape, dt)
-        parallel_for(n, lambda i: one(x[i:i + 1], out=out[i:i + 1]))
+        if split:
+            parallel_for(n, lambda i: one(x[i:i + 1], out=out[i:i + 1]))
+            return out
+        start = time.perf_counter()
+        for i in range(n):
+            one(x[i:i + 1], out=out[i:i + 1])
+        if split is None:
+            split = time.perf_counter() - start >= IMAGES_SPLIT_MIN_S
         return out
 
     return run

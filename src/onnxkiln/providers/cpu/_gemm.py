@@ -19,15 +19,22 @@ import numpy as np
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.cpu import _numba
 
-__all__ = ["SMALL_M_MAX", "SPLIT_MIN_FLOPS", "Split", "few_rows_product", "matmul_split",
-           "plan_split", "split_ranges"]
+__all__ = ["SMALL_M_MAX", "SPLIT_MIN_FLOPS", "SPLIT_MIN_S", "Split", "constant_product",
+           "few_rows_product", "matmul_split", "plan_split", "split_ranges", "timed_split"]
 
 SPLIT_MIN_FLOPS = 150_000_000
-"""Products below this many flops (2*M*K*N) run whole. Measured with bench/thresholds.py on
-the 2-core development VM, quiet: a worker wakes in 10-20 us, but two threads multiplying
-at once each run ~15% slower than alone and a dispatch costs 30-70 us more, so a split
-lost up to 100 MFLOP (128x512x768: 1.07x the whole) and won from 300 MFLOP (0.60x)."""
+"""Products of operands only seen at run time below this many flops (2*M*K*N) run whole.
+Measured with bench/thresholds.py on the 2-core development VM, quiet: two threads
+multiplying at once each run ~15% slower than alone and a dispatch costs 30-70 us more, so
+a split lost up to 100 MFLOP (128x512x768: 1.07x the whole) and won from 300 MFLOP
+(0.60x)."""
+SPLIT_MIN_S = 0.8e-3
+"""Products against a constant B in a specialised plan are split when their second whole
+call took this long: few-row products are bound by reading B, not by FLOPs (a GPT-2
+decode step's (1, 768) @ (768, 3072) moves 9 MB for 5 MFLOP), so their cost is timed, not
+estimated. Splits pay from about 1 ms of work (bench/thresholds.py)."""
 COL_ALIGN = 64  # column chunk widths are multiples of this (whole BLAS panels)
+THIN_CHUNKS = 4  # column chunks per thread of products with few rows
 ROW_ALIGN = 16
 MIN_CHUNK_FLOPS = 500_000
 
@@ -48,14 +55,17 @@ def split_ranges(size: int, parts: int, align: int) -> tuple[tuple[int, int], ..
     return tuple((lo, min(size, lo + step)) for lo in range(0, size, step))
 
 
-def plan_split(m: int, k: int, n: int, threads: int) -> Split | None:
-    """The split of an (m, k) @ (k, n) product for `threads` threads, or None (whole).
+def plan_split(m: int, k: int, n: int, threads: int,
+               min_flops: int | None = None) -> Split | None:
+    """The split of an (m, k) @ (k, n) product for `threads` threads, or None (whole, also
+    below `min_flops`, default SPLIT_MIN_FLOPS).
 
     One chunk per thread: each chunk repacks the operand it shares (A for a column split,
     B for a row split), so more chunks cost more packing. The longer output side is cut,
     keeping chunks at least COL_ALIGN columns or ROW_ALIGN rows wide (BLAS is slow on
     thinner slices)."""
-    if threads < 2 or 2 * m * k * n < SPLIT_MIN_FLOPS:
+    least = SPLIT_MIN_FLOPS if min_flops is None else min_flops
+    if threads < 2 or 2 * m * k * n < least:
         return None
     cols_ok, rows_ok = n >= COL_ALIGN * threads, m >= ROW_ALIGN * threads
     if cols_ok and (n >= m or not rows_ok):
@@ -121,11 +131,60 @@ _numba.register("axpy_rows", "onnxkiln.providers.cpu._numba_gemv", _axpy_signatu
                 (_F32, _F64), _FAST)
 
 
-def _columns_split(fn: Callable, m: int, n: int, k: int, dt: np.dtype
-                   ) -> Callable[[np.ndarray], np.ndarray]:
-    """call(a) running chunk(a, c, lo, hi) over output columns, split across the pool."""
+Product = Callable[[np.ndarray], np.ndarray]
+
+
+def timed_split(whole: Product, split: Product | None) -> Product:
+    """call(a): `whole` for the first two calls, the second timed; from then on `split` if
+    that call took SPLIT_MIN_S or more, else `whole`. Both compute the same bits (column
+    splits), so the choice never changes a result."""
+    if split is None or active_threads() < 2:
+        return whole
+    if SPLIT_MIN_S <= 0:
+        return split
+    calls = 0
+    chosen: Product | None = None
+
+    def call(a: np.ndarray) -> np.ndarray:
+        nonlocal calls, chosen
+        if chosen is not None:
+            return chosen(a)
+        calls += 1
+        start = time.perf_counter()
+        y = whole(a)
+        if calls == 2:
+            chosen = split if time.perf_counter() - start >= SPLIT_MIN_S else whole
+        return y
+
+    return call
+
+
+def constant_product(m: int, k: int, b: np.ndarray) -> tuple[Product, str]:
+    """(call, kind): call(a) -> a @ b for a of shape (m, k) and a constant 2-D b, kind
+    "few_rows" (few_rows_product), "blas" (one BLAS call) or "blas_split" (one BLAS call,
+    split across the pool by timed_split once it shows itself slow enough)."""
+    rows = few_rows_product(m, b)
+    if rows is not None:
+        return rows, "few_rows"
     threads = active_threads()
-    parts = 1 if threads < 2 or 2 * m * n * k < SPLIT_MIN_FLOPS else 2 * threads
+    split = plan_split(m, k, b.shape[1], threads, min_flops=0)
+    if split is not None and split.axis == 1 and m < ROW_ALIGN * threads:
+        # thin A: chunks repack little, and more of them let a worker that wakes late
+        # (50-120 us, up to 1 ms on a VM) still take a share
+        split = Split(1, split_ranges(b.shape[1], THIN_CHUNKS * threads, COL_ALIGN))
+
+    def whole(a2: np.ndarray) -> np.ndarray:
+        return np.matmul(a2, b)
+
+    if split is None:
+        return whole, "blas"
+    return timed_split(whole, lambda a2: matmul_split(a2, b, split)), "blas_split"
+
+
+def _columns_split(fn: Callable, m: int, n: int, k: int, dt: np.dtype, parts: int = 1
+                   ) -> Callable[[np.ndarray], np.ndarray]:
+    """call(a) running chunk(a, c, lo, hi) over output columns, in `parts` chunks claimed
+    across the pool."""
     ranges = split_ranges(n, parts, COL_ALIGN)
 
     def call(a: np.ndarray) -> np.ndarray:
@@ -140,8 +199,9 @@ def _columns_split(fn: Callable, m: int, n: int, k: int, dt: np.dtype
     return call
 
 
-def _rows_kernel(m: int, bt: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
-    """a @ bt.T through the gemv_rows kernels (rows in groups of 8, 4, 2, 1)."""
+def _rows_kernel(m: int, bt: np.ndarray, parts: int) -> Product | None:
+    """a @ bt.T through the gemv_rows kernels (rows in groups of 8, 4, 2, 1), in `parts`
+    column chunks."""
     handles = {r: _numba.lazy(f"gemv_rows{r}", bt.dtype) for r in (8, 4, 2, 1)}
     if any(h is None or not h.ready() for h in handles.values()):
         return None
@@ -156,17 +216,17 @@ def _rows_kernel(m: int, bt: np.ndarray) -> Callable[[np.ndarray], np.ndarray] |
         for fn, start in groups:
             fn(a, bt, start, lo, hi, zero, c)
 
-    return _columns_split(chunk, m, bt.shape[0], bt.shape[1], bt.dtype)
+    return _columns_split(chunk, m, bt.shape[0], bt.shape[1], bt.dtype, parts)
 
 
-def _axpy_kernel(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
-    """a @ b through the axpy_rows kernel (B as (K, N))."""
+def _axpy_kernel(m: int, b: np.ndarray, parts: int) -> Product | None:
+    """a @ b through the axpy_rows kernel (B as (K, N)), in `parts` column chunks."""
     handle = _numba.lazy("axpy_rows", b.dtype)
     if handle is None or not handle.ready():
         return None
     fn, zero = handle.fn, b.dtype.type(0)
     return _columns_split(lambda a, c, lo, hi: fn(a, b, lo, hi, zero, c), m, b.shape[1],
-                          b.shape[0], b.dtype)
+                          b.shape[0], b.dtype, parts)
 
 
 def few_rows_product(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
@@ -174,7 +234,8 @@ def few_rows_product(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray
     (any strides: a transposed view of an (N, K) weight is common): the fastest of BLAS
     and the numba row kernels, each on B as given or copied into its layout (a copy only
     when it wins by LAYOUT_COPY_MIN_GAIN and is at most LAYOUT_COPY_MAX_BYTES), timed
-    once on this shape. None when the product is too small for this to matter."""
+    once on this shape, its output columns split across the pool by timed_split. None
+    when the product is too small for this to matter."""
     k, n = b.shape
     if not 2 <= m <= SMALL_M_MAX or k * n < SMALL_M_MIN_ELEMENTS or b.dtype not in (_F32, _F64):
         return None
@@ -182,27 +243,36 @@ def few_rows_product(m: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray
     kn = b if b.flags.c_contiguous else (np.ascontiguousarray(b) if copy_ok else None)
     nk = b.T if b.T.flags.c_contiguous else (np.ascontiguousarray(b.T) if copy_ok else None)
     given = "kn" if b.flags.c_contiguous else "nk" if b.T.flags.c_contiguous else ""
-    candidates: list[tuple[str, Callable]] = [("blas", lambda a2: np.matmul(a2, b))]
+    threads = active_threads()
+    parts = THIN_CHUNKS * threads
+    cols = None if threads < 2 else Split(1, split_ranges(n, parts, COL_ALIGN))
+
+    def blas(bb: np.ndarray) -> tuple[Product, Product | None]:
+        return (lambda a2: np.matmul(a2, bb),
+                None if cols is None else (lambda a2: matmul_split(a2, bb, cols)))
+
+    # (layout, whole, split): the split computes the same columns in chunks across the pool
+    candidates: list[tuple[str, Product, Product | None]] = [("blas", *blas(b))]
     if kn is not None and given != "kn":
-        candidates.append(("kn", lambda a2: matmul_split(a2, kn, None)))
-    for layout, make in (("nk", lambda: _rows_kernel(m, nk)),
-                         ("kn", lambda: _axpy_kernel(m, kn))):
+        candidates.append(("kn", *blas(kn)))
+    for layout, make in (("nk", lambda p: _rows_kernel(m, nk, p)),
+                         ("kn", lambda p: _axpy_kernel(m, kn, p))):
         if (nk if layout == "nk" else kn) is not None:
-            fn = make()
+            fn = make(1)
             if fn is not None:
-                candidates.append((layout, fn))
+                candidates.append((layout, fn, make(parts) if cols else None))
     a = np.ones((m, k), b.dtype)
     timed = []
-    for layout, fn in candidates:
+    for layout, fn, split in candidates:
         fn(a)
         start = time.perf_counter()
         fn(a)
-        timed.append((time.perf_counter() - start, layout, fn))
+        timed.append((time.perf_counter() - start, layout, fn, split))
     best = min(timed, key=lambda t: t[0])
     as_given = min((t for t in timed if t[1] in ("blas", given)), key=lambda t: t[0])
     if best[1] not in ("blas", given) and best[0] * LAYOUT_COPY_MIN_GAIN > as_given[0]:
         best = as_given  # a copy of B that does not win clearly is not worth its memory
-    return best[2]
+    return timed_split(best[2], best[3])
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -17,16 +17,10 @@ from collections.abc import Callable, Mapping
 import ml_dtypes
 import numpy as np
 
-from onnxkiln.pool import active_threads
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu._conv_special import epilogue_for
-from onnxkiln.providers.cpu._gemm import (
-    SMALL_M_MAX,
-    few_rows_product,
-    matmul_split,
-    plan_split,
-)
+from onnxkiln.providers.cpu._gemm import constant_product
 from onnxkiln.providers.cpu._tensor_util import attr_str, const_input
 from onnxkiln.providers.cpu.conv import conv as _onnx_conv
 from onnxkiln.providers.cpu.linalg import gemm as _onnx_gemm
@@ -241,7 +235,7 @@ def fused_matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
             return None
         m, k, n = math.prod(sa[:-1]), sa[-1], b_ready.shape[1]
         out_shape = (*sa[:-1], n)
-        product = _fast_product(m, k, b_ready)
+        product, kind = constant_product(m, k, b_ready)
         scale = b_ready.dtype.type(alpha)
 
         def special(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -250,21 +244,11 @@ def fused_matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
                 y *= scale
             return y.reshape(out_shape)
 
-        special.variant = "fusedmatmul.few_rows" if 1 < m <= SMALL_M_MAX else "fusedmatmul.blas"
+        special.variant = f"fusedmatmul.{kind}"
         return special
 
     run.specialize = specialize
     return run
-
-
-def _fast_product(m: int, k: int, b: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """(m, k) @ b for a constant 2-D b: the few-row products when they apply, else one GEMM
-    split across the pool."""
-    rows = few_rows_product(m, b)
-    if rows is not None:
-        return rows
-    split = plan_split(m, k, b.shape[1], active_threads())
-    return lambda a2: matmul_split(a2, b, split)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _gemm
 from onnxkiln.providers.cpu._gemm import (
     Split,
-    few_rows_product,
+    constant_product,
     matmul_split,
     plan_split,
     split_ranges,
@@ -116,11 +116,11 @@ def _specialize_matmul(dtypes, shapes, consts) -> Callable[..., np.ndarray] | No
     if len(sb) == 2:
         m, k, n = math.prod(sa[:-1]), sa[-1], sb[1]
         b = consts[1]
-        rows = None if b is None else few_rows_product(m, b)
-        if rows is not None:
+        if b is not None:
+            product, kind = constant_product(m, k, b)
             out_shape = (*sa[:-1], n)
-            return _named(lambda a, b: rows(a.reshape(m, k)).reshape(out_shape),
-                          "matmul.few_rows", None)
+            return _named(lambda a, b: product(a.reshape(m, k)).reshape(out_shape),
+                          f"matmul.{kind}", None)
         split = plan_split(m, k, n, threads)
         if len(sa) == 2:
             if split is None:
@@ -276,9 +276,7 @@ def gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
         m, k = (sa[1], sa[0]) if trans_a else sa
         if k != wb.shape[0] or wb.dtype not in (_F32, _F64):
             return None
-        rows = few_rows_product(m, wb)
-        split = None if rows is not None else plan_split(m, k, wb.shape[1], active_threads())
-        product = rows if rows is not None else (lambda a2: matmul_split(a2, wb, split))
+        product, kind = constant_product(m, k, wb)
         scale = wb.dtype.type(wb_alpha)
         bias = wc if wc is not None else None
         if bias is None and len(shapes) > 2 and shapes[2] is not None and beta != 0.0:
@@ -296,7 +294,7 @@ def gemm(info: NodeInfo) -> Callable[..., np.ndarray]:
                 y += bias
             return y
 
-        return _named(special, "gemm.few_rows" if rows is not None else "gemm.blas", split)
+        return _named(special, f"gemm.{kind}", None)
 
     run.specialize = specialize
     return run
