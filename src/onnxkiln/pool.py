@@ -11,9 +11,14 @@ MIN_RUNNING of their wall time on a core, or no worker joined a dispatch that la
 NO_HELP_MIN_S: the cores are busy with other work), the pool runs calls inline for a while
 (BACKOFF_MIN_S, doubling up to BACKOFF_MAX_S while it keeps happening) and tries again, so
 under contention a run costs what it costs on one thread instead of waiting on preempted
-workers. A worker's late start does not count: waking a sleeping thread takes 50-120 us on
-the development VM (an idle virtual CPU is halted), which an efficiency measure over the
-whole dispatch read as a stall on a quiet machine and turned good splits off.
+workers. A worker's late start does not count: an efficiency measure over the whole
+dispatch read it as a stall on a quiet machine and turned good splits off. Waking a
+sleeping worker is slow on a VM whose idle virtual CPU is halted: on the development VM
+(BLAS single-threaded, nothing else keeping the other CPU busy) a worker joins a dispatch
+about 0.1 ms after it starts when the previous one was just before, and 1.6-2.3 ms after
+(p90 3-4.5 ms) when it slept 50-200 ms (`python bench/wake_latency.py`). Waking the
+workers at the start of a run does not help: a run's first split usually comes within
+that time.
 
 One pool per thread count is shared by every session of the process. A run enters it
 with `run_scope(threads)`; kernels call `parallel_for(n, fn)`, which runs `fn(i)` for
