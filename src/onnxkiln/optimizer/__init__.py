@@ -9,7 +9,8 @@ Levels (SPEC.md §1), each including the ones before it:
   input's own symbolic dims become constants (0 = copy the dim); common subexpressions are
   merged; dead nodes and initializers are dropped.
 - "extended": fusions, each exact to float32 rounding: Conv+BatchNormalization folding,
-  Conv(+Add)(+activation) -> com.microsoft FusedConv, GELU (erf and tanh forms) ->
+  Conv(+Add)(+activation) -> com.microsoft FusedConv (onnxkiln FusedConv for HardSwish and
+  SiLU), GELU (erf and tanh forms) ->
   com.microsoft Gelu/FastGelu/BiasGelu, decomposed LayerNorm/RMSNorm -> LayerNormalization/
   SimplifiedLayerNormalization, Add+LayerNormalization -> com.microsoft
   SkipLayerNormalization, attention -> onnxkiln ScaledDotProductAttention, MatMul+Add ->
@@ -72,6 +73,7 @@ FUSIONS: tuple[Pass, ...] = (
     fuse_conv.fuse_conv_activation,
     fuse_gelu.fuse_gelu,
     fuse_gelu.fuse_silu,
+    fuse_conv.fuse_conv_swish,
     fuse_norm.fuse_layer_norm,
     fuse_norm.fuse_rms_norm,
     fuse_attention.fuse_attention,

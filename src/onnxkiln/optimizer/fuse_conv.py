@@ -4,7 +4,9 @@
   float64 and rounded once to the weights' type (new initializers; the old ones die when
   nothing else reads them);
 - Conv [-> Add(z, same shape)] -> Relu/Clip/Sigmoid/Tanh/LeakyRelu/HardSigmoid ->
-  com.microsoft FusedConv (activation(conv + z)), float32 only as onnxruntime's kernel.
+  com.microsoft FusedConv (activation(conv + z)), float32 only as onnxruntime's kernel;
+- Conv -> HardSwish or onnxkiln Silu (after fuse_silu) -> onnxkiln FusedConv, whose conv
+  applies the activation as it finishes its output (MobileNetV3, EfficientNet).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import onnx_ir as ir
 
 from onnxkiln.optimizer._graph import (
     MS,
+    OURS,
     Context,
     attr,
     const_array,
@@ -26,7 +29,7 @@ from onnxkiln.optimizer._graph import (
     sole_consumer,
 )
 
-__all__ = ["fold_batch_norm", "fuse_conv_activation"]
+__all__ = ["fold_batch_norm", "fuse_conv_activation", "fuse_conv_swish"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid")
@@ -163,3 +166,28 @@ def _fuse_at(ctx: Context, act: ir.Node) -> bool:
     ctx.replace(act, [fused], [(act.outputs[0], fused.outputs[0])],
                 [act, *([add] if add is not None else []), conv], "conv.activation")
     return True
+
+
+def fuse_conv_swish(ctx: Context) -> bool:
+    """Conv -> HardSwish / onnxkiln Silu -> onnxkiln FusedConv (float32, as FusedConv)."""
+    if not ctx.supports(OURS, "FusedConv"):
+        return False
+    changed = False
+    for act in nodes_of(ctx.model.graph, "HardSwish", "Silu"):
+        if act.graph is None:
+            continue
+        ours = act.domain == OURS and act.op_type == "Silu"
+        if not (ours or is_onnx(act, "HardSwish")):
+            continue
+        conv = producer(act.inputs[0], "Conv")
+        if conv is None or sole_consumer(conv.outputs[0]) is not act or \
+                not float_dtype(conv.outputs[0]):
+            continue
+        fused = ctx.node("FusedConv", list(conv.inputs), {"activation": act.op_type},
+                         domain=OURS, like=act.outputs, name="FusedConv")
+        for k, a in conv.attributes.items():
+            fused.attributes[k] = a
+        ctx.replace(act, [fused], [(act.outputs[0], fused.outputs[0])], [act, conv],
+                    "conv.swish")
+        changed = True
+    return changed

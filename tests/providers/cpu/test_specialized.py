@@ -365,6 +365,38 @@ def test_fused_conv_epilogue_matches_onnxruntime(c, h, k, s, g, pad, act, params
     assert special.fused_activation == (act != "Tanh")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("c", "h", "k", "s", "g", "pad"), EPILOGUE_CONVS)
+@pytest.mark.parametrize("act", ["HardSwish", "Silu"])
+def test_conv_swish_fuses_and_matches_onnxruntime(c, h, k, s, g, pad, act, threads):
+    """Conv -> HardSwish and Conv -> Mul(x, Sigmoid(x)) become one onnxkiln FusedConv whose
+    conv applies the activation (MobileNetV3's and EfficientNet's pattern)."""
+    m = c if g == c else 12
+    x = RNG.standard_normal((2, c, h, h)).astype(np.float32)
+    x[0, 0, 1, 1] = np.nan
+    w = RNG.standard_normal((m, c // g, k, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y0"], group=g, pads=[pad] * 4,
+                              strides=[s, s])]
+    if act == "HardSwish":
+        nodes.append(helper.make_node("HardSwish", ["y0"], ["y"]))
+    else:
+        nodes += [helper.make_node("Sigmoid", ["y0"], ["sig"]),
+                  helper.make_node("Mul", ["y0", "sig"], ["y"])]
+    o = (h + 2 * pad - k) // s + 1
+    model = make_model(nodes, [tensor_info("x", np.float32, [2, c, h, h])],
+                       [tensor_info("y", np.float32, [2, m, o, o])], {"w": w, "b": b},
+                       opset=14)
+    first, third, entry = _runs(model, {"x": x}, threads)
+    want = _oracle(model, {"x": x})[0]
+    np.testing.assert_array_equal(np.isnan(third[0]), np.isnan(want))
+    np.testing.assert_allclose(third[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(third[0], first[0], rtol=1e-5, atol=1e-5)
+    steps = entry.compiled.plan.steps
+    assert [(st.domain, st.op_type) for st in steps] == [("onnxkiln", "FusedConv")]
+    assert steps[0].kernel.fused_activation
+
+
 def test_gather_nd_with_folded_indices_is_specialised():
     nodes = [helper.make_node("Shape", ["x"], ["sh"]),
              helper.make_node("Gather", ["sh", "one"], ["n"], axis=0),

@@ -66,6 +66,22 @@ _numba.register("bias_act_rows", "onnxkiln.providers.cpu._numba_conv", _bias_act
                 (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
 
 
+def _silu_rows_signature(dt: np.dtype) -> tuple:
+    """(y, r0, r1, c0, c1) of silu_rows."""
+    from numba import types
+
+    f = types.float32 if dt == _F32 else types.float64
+    i64 = types.int64
+    return (types.Array(f, 2, "C"), i64, i64, i64, i64)
+
+
+_numba.register("silu_rows", "onnxkiln.providers.cpu._numba_act", _silu_rows_signature,
+                (_F32, _F64), {"reassoc", "contract", "nsz", "arcp"})
+SILU = 5
+"""Epilogue code of SiLU: applied by `silu_rows` after the bias (it needs the block exp of
+_numba_act, which the per-element `_act` of the conv kernels does not have)."""
+
+
 def _depthwise_act_signature(dt: np.dtype) -> tuple:
     from numba import types
 
@@ -101,8 +117,9 @@ class Epilogue(NamedTuple):
 
 
 def epilogue_for(name: str, params: tuple[float, ...]) -> Epilogue | None:
-    """The Epilogue of FusedConv activation `name` with its parameters in FusedConv's order,
-    or None when the conv cannot apply it itself (Tanh, Sigmoid: numpy applies them)."""
+    """The Epilogue of FusedConv activation `name` with its parameters in FusedConv's order
+    (HardSwish and Silu: onnxkiln's FusedConv), or None when the conv cannot apply it itself
+    (Tanh, Sigmoid: numpy applies them)."""
     if name == "Relu":
         return Epilogue(1, 0.0, math.inf)
     if name == "Clip" and len(params) == 2:
@@ -111,6 +128,10 @@ def epilogue_for(name: str, params: tuple[float, ...]) -> Epilogue | None:
         return Epilogue(2, float(params[0]))
     if name == "HardSigmoid" and len(params) == 2:
         return Epilogue(3, float(params[0]), float(params[1]))
+    if name == "HardSwish":
+        return Epilogue(4, 1.0 / 6.0, 0.5)
+    if name == "Silu":
+        return Epilogue(SILU)
     return None
 
 
@@ -132,7 +153,23 @@ def finisher(bias: np.ndarray | None, epilogue: Epilogue | None, dt: np.dtype,
     b = np.empty(0, dt) if bias is None else bias
     code, pa, pb = epilogue or Epilogue(0)
     ta, tb = dt.type(pa), dt.type(pb)
-    return lambda y, c0, c1: fn(y, b, code, ta, tb, c0, c1)
+    if code != SILU:
+        return lambda y, c0, c1: fn(y, b, code, ta, tb, c0, c1)
+    silu = _silu_rows(dt)
+    if silu is None:
+        return None
+
+    def finish(y: np.ndarray, c0: int, c1: int) -> None:
+        if bias is not None:
+            fn(y, b, 0, ta, tb, c0, c1)
+        silu(y, 0, y.shape[0], c0, c1)
+
+    return finish
+
+
+def _silu_rows(dt: np.dtype) -> Callable | None:
+    handle = _numba.lazy("silu_rows", dt)
+    return handle.fn if handle is not None and handle.ready() else None
 
 
 def one_by_one_call(geo: Geometry, wm: np.ndarray, bias: np.ndarray | None,
@@ -259,16 +296,24 @@ def depthwise_call(fn: Callable, kind: str, geo: Geometry, w: np.ndarray, bias: 
         ranges = split_ranges(channels, min(2 * threads, channels // 16), 16)
     dt = w.dtype
     code, pa, pb = epilogue or Epilogue(0)
-    act = (code, dt.type(pa), dt.type(pb))
+    silu = _silu_rows(dt) if code == SILU else None  # after the kernel, per channel range
+    act = (0 if code == SILU else code, dt.type(pa), dt.type(pb))
+    n, plane = out_shape[0], math.prod(out_shape[2:])
+
+    def part(x4: np.ndarray, out: np.ndarray, c0: int, c1: int) -> None:
+        fn(x4, w, bias, params, c0, c1, out, *act)
+        if silu is not None:
+            rows = out.reshape(n * channels, plane)
+            for b in range(n):
+                silu(rows, b * channels + c0, b * channels + c1, 0, plane)
 
     def run(x: np.ndarray, *_: object) -> np.ndarray:
         x4 = np.ascontiguousarray(x, dtype=dt)
         out = np.empty(out_shape, dt)
         if len(ranges) == 1:
-            fn(x4, w, bias, params, 0, channels, out, *act)
+            part(x4, out, 0, channels)
         else:
-            parallel_for(len(ranges), lambda i: fn(x4, w, bias, params, ranges[i][0],
-                                                   ranges[i][1], out, *act))
+            parallel_for(len(ranges), lambda i: part(x4, out, *ranges[i]))
         return out
 
     run.variant = f"conv.depthwise_{kind}_numba"

@@ -1,6 +1,7 @@
 """numba elementwise activations over flat arrays (loaded through `_numba.register`;
 imported only when a run first needs them): Sigmoid and SiLU (x * sigmoid(x)) in one pass
-instead of numpy's five, HardSwish in one instead of four, each writing elements [lo, hi).
+instead of numpy's five, HardSwish in one instead of four, each writing elements [lo, hi);
+`silu_rows` applies SiLU in place to a column range of a 2-D array's rows.
 
 float32 works in blocks of 1024: a first loop computes exp(-x) as p(r) 2^k (the range
 reduction and degree-7 polynomial of _numba_jit, relative error 2e-7) with the 2^k bits
@@ -79,6 +80,31 @@ def silu_flat(x, lo, hi, y):
             pb[i] = _F1 / (_F1 + pb[i] * fb[i])
         for i in range(m):
             y[np.uintp(b0 + i)] = x[np.uintp(b0 + i)] * pb[i]
+
+
+def silu_rows(y, r0, r1, c0, c1):
+    """y[r, c0:c1] *= sigmoid(y[r, c0:c1]) in place for rows [r0, r1) of a C-contiguous
+    2-D y (a conv's output as FusedConv's Silu epilogue finishes it)."""
+    flat = y.reshape(-1)
+    width = y.shape[1]
+    if y.itemsize == 8:  # float64: libm
+        for r in range(r0, r1):
+            for i in range(r * width + c0, r * width + c1):
+                v = flat[i]
+                flat[i] = v / (1.0 + math.exp(-v))
+        return
+    ib = np.empty(_BLOCK, np.int32)
+    pb = np.empty(_BLOCK, np.float32)
+    fb = ib.view(np.float32)
+    for r in range(r0, r1):
+        hi = r * width + c1
+        for b0 in range(r * width + c0, hi, _BLOCK):
+            m = min(_BLOCK, hi - b0)
+            _exp_neg_block(flat, b0, m, pb, ib)
+            for i in range(m):
+                pb[i] = _F1 / (_F1 + pb[i] * fb[i])
+            for i in range(m):
+                flat[np.uintp(b0 + i)] = flat[np.uintp(b0 + i)] * pb[i]
 
 
 def hardswish_flat(x, lo, hi, y):

@@ -26,7 +26,7 @@ from onnxkiln.providers.cpu.conv import conv as _onnx_conv
 from onnxkiln.providers.cpu.linalg import gemm as _onnx_gemm
 from onnxkiln.providers.cpu.registry import kernel
 
-__all__ = ["activation_fn"]
+__all__ = ["OURS_CONV_ACTIVATIONS", "activation_fn", "fused_conv_kernel"]
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
@@ -49,6 +49,17 @@ def _tanh(y):
 
 def _sigmoid(y):
     return _special.expit(y, out=y)
+
+
+def _hard_swish(y):
+    g = y * y.dtype.type(1.0 / 6.0)
+    g += y.dtype.type(0.5)
+    np.clip(g, 0, 1, out=g)
+    return np.multiply(y, g, out=y)
+
+
+def _silu(y):
+    return np.multiply(y, _special.expit(y), out=y)
 
 
 def _softsign(y):
@@ -141,9 +152,12 @@ _ACTIVATIONS: dict[str, tuple[tuple[str, ...], Callable[..., Activation]]] = {
     "ScaledTanh": (("alpha", "beta"), _scaled_tanh),
     "ParametricSoftplus": (("alpha", "beta"), _parametric_softplus),
     "Selu": (("alpha", "gamma"), _selu),
+    "HardSwish": ((), lambda: _hard_swish),
+    "Silu": ((), lambda: _silu),
 }
 # FusedConv passes its parameters as a list in this order
 _CONV_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
+OURS_CONV_ACTIVATIONS = (*_CONV_ACTIVATIONS, "HardSwish", "Silu")  # onnxkiln's FusedConv
 
 
 def activation_fn(op: str, name: str | None, params: Mapping[str, float],
@@ -259,11 +273,17 @@ def fused_matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
 def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Y = activation(Conv(X, W, B) + Z): activation Relu, Tanh, Sigmoid, LeakyRelu [alpha],
     Clip [min, max] or HardSigmoid [alpha, beta], parameters in `activation_params`."""
+    return fused_conv_kernel(info, _CONV_ACTIVATIONS)
+
+
+def fused_conv_kernel(info: NodeInfo, allowed: tuple[str, ...]) -> Callable[..., np.ndarray]:
+    """FusedConv's kernel with the activations `allowed` (com.microsoft's, or onnxkiln's
+    with HardSwish and Silu too)."""
     op = "FusedConv"
     name = attr_str(info.attrs.get("activation")) or ""
     plist = list(info.attrs.get("activation_params") or [])
     needs = _ACTIVATIONS[name][0] if name in _ACTIVATIONS else ()
-    act = activation_fn(op, name, dict(zip(needs, plist)), _CONV_ACTIVATIONS)
+    act = activation_fn(op, name, dict(zip(needs, plist)), allowed)
     conv_info = dataclasses.replace(
         info, op_type="Conv", domain="", opset=11, n_inputs=min(info.n_inputs, 3),
         input_present=tuple(info.input_present[:3]), const_inputs=tuple(info.const_inputs[:3]),

@@ -4,6 +4,9 @@ Each one computes exactly what the subgraph it replaces computes, in the same or
 floating-point operations, but in place on its own fresh buffers:
 
 - Silu(X): X * sigmoid(X) (Mul(x, Sigmoid(x)) as exporters write it), in one pass.
+- FusedConv(X, W, B; activation, activation_params and Conv's attributes): com.microsoft's
+  FusedConv with HardSwish and Silu among its activations too (MobileNetV3's and
+  EfficientNet's Conv -> activation), which the conv applies as it finishes its output.
 - FusedMatMulBias(A, B, bias; activation): act(A @ B + bias), B 2-D, bias 1-D over the last
   axis; activation "" (none), "Relu", "Gelu" (exact, erf) or "FastGelu" (tanh form).
 - ScaledDotProductAttention(Q, K, V, mask?; transpose_k, scale, divide, mask_mode,
@@ -24,6 +27,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.activation import sigmoid as _sigmoid_kernel
+from onnxkiln.providers.cpu.contrib_fused import OURS_CONV_ACTIVATIONS, fused_conv_kernel
 from onnxkiln.providers.cpu.contrib_transformer import fast_gelu_inplace, gelu_inplace
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -44,6 +48,13 @@ def _relu_(y: np.ndarray) -> np.ndarray:
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray] | None] = {
     "": None, "Relu": _relu_, "Gelu": gelu_inplace, "FastGelu": fast_gelu_inplace,
 }
+
+
+@kernel("FusedConv", since=1, domain=DOMAIN, factory=True, variant="fusedconv.im2col")
+def fused_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """activation(Conv(X, W, B)): com.microsoft FusedConv's activations plus HardSwish and
+    Silu."""
+    return fused_conv_kernel(info, OURS_CONV_ACTIVATIONS)
 
 
 @kernel("Silu", since=1, domain=DOMAIN, factory=True, variant="silu.numpy", inplace=(0,))
