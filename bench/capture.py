@@ -1,4 +1,4 @@
-"""Decode-step time with device-graph capture (SPEC §7) against eager runs and torch.
+"""Decode-step time with device-graph capture against eager runs and torch.
 
     python bench/capture.py                        # the zoo's small GPT, CPU, capacity 128
     python bench/capture.py --small                # quick: capacity 16, 3 steps

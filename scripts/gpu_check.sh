@@ -39,7 +39,7 @@ ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 120 "$PY" tests/providers/cuda/conforman
     || status=$?
 timeout 150 "$PY" bench/decode.py --device cuda --past 16 64 256 1024 --tokens 20 || status=$?
 timeout 60 "$PY" examples/decode_loop.py --device cuda --gpt2 --tokens 16 || status=$?
-# device-graph capture (SPEC §7): the small model as a smoke test, then GPT-2 small, 100 steps
+# device-graph capture: the small model as a smoke test, then GPT-2 small, 100 steps
 timeout 60 "$PY" bench/capture.py --device cuda --small || status=$?
 timeout 120 "$PY" bench/capture.py --device cuda --gpt2 --steps 100 || status=$?
 exit $status

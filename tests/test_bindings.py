@@ -1,4 +1,4 @@
-"""Device bindings (SPEC §7, first half): persistent buffers, in-place KV append, checks."""
+"""Device bindings: persistent buffers, in-place KV append, checks."""
 
 from __future__ import annotations
 

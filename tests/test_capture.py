@@ -1,4 +1,4 @@
-"""Device-graph capture and replay on the CPU (SPEC §7): the audit, segmentation, replay
+"""Device-graph capture and replay on the CPU: the audit, segmentation, replay
 against eager runs, branch flips, binding signatures, violation bits, tracing."""
 
 from __future__ import annotations

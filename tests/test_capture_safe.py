@@ -1,4 +1,4 @@
-"""Capture-safe kernels (SPEC §7): clamped indices + a latched violation word, eager errors,
+"""Capture-safe kernels: clamped indices + a latched violation word, eager errors,
 and the in-place static-cache KV write (ScatterND / ScatterElements on a bound past)."""
 
 from __future__ import annotations

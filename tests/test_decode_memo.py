@@ -1,4 +1,4 @@
-"""The decode memo and view plan of run_with_device_bindings (SPEC §7, issue #8)."""
+"""The decode memo and view plan of run_with_device_bindings."""
 
 from __future__ import annotations
 

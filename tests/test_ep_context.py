@@ -1,4 +1,4 @@
-"""EPContext export/import (SPEC §9): configuration, the context model's form, loading it back
+"""EPContext export/import: configuration, the context model's form, loading it back
 through the providers' source keys, and the errors around both."""
 
 from __future__ import annotations

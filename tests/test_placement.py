@@ -1,4 +1,4 @@
-"""Provider selection, mixed placement, device copies and the fallback report (SPEC §1, §6)."""
+"""Provider selection, mixed placement, device copies and the fallback report."""
 
 from __future__ import annotations
 

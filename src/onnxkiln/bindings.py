@@ -1,4 +1,4 @@
-"""Persistent device buffers bound to graph inputs and outputs (SPEC §7, first half).
+"""Persistent device buffers bound to graph inputs and outputs.
 
 A binding owns a buffer of `physical_shape` (its capacity) on the session's device; kernels
 see the leading `logical_shape` part of it. Bound to an input and an output at once, the

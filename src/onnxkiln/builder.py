@@ -1,4 +1,4 @@
-"""SessionBuilder: the fluent configuration of an InferenceSession (SPEC §1)."""
+"""SessionBuilder: the fluent configuration of an InferenceSession."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The capture audit (SPEC §7): for one bound plan, which steps are recorded, which are
+"""The capture audit: for one bound plan, which steps are recorded, which are
 computed once at capture (static), and which run eagerly as seams between captured segments.
 
 A step is static when its outputs cannot change between replays: it reads only constants,

@@ -1,4 +1,4 @@
-"""The decode memo and view plan behind `run_with_device_bindings` (SPEC §7, issue #8).
+"""The decode memo and view plan behind `run_with_device_bindings`.
 
 A decode loop through persistent bindings changes only logical lengths from step to step.
 The memo keys one specialisation on the binding layout (each binding's names, identity,

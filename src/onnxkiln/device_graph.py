@@ -1,5 +1,5 @@
-"""One session's captured device graph: capture, replay, reset, and what they report
-(SPEC §7). The audit is onnxkiln.capture; recording and the parts are onnxkiln.replay."""
+"""One session's captured device graph: capture, replay, reset, and what they report.
+The audit is onnxkiln.capture; recording and the parts are onnxkiln.replay."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EPContext (SPEC §9): dump compiled partitions as `com.microsoft::EPContext` nodes, load them.
+"""EPContext: dump compiled partitions as `com.microsoft::EPContext` nodes, load them.
 
 The seam, in the order a session uses it (after the graph optimizer, before planning):
 
@@ -58,7 +58,7 @@ _MAGIC = b"ONNXKILN-EPCTX1\n"
 
 @dataclass(frozen=True)
 class EpContextDumpConfig:
-    """The `ep.context_*` options, resolved (SPEC §9)."""
+    """The `ep.context_*` options, resolved."""
 
     enable: bool = False
     file_path: Path | None = None

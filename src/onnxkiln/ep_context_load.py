@@ -1,4 +1,4 @@
-"""EPContext import and the compile-and-rewrite step (SPEC §9; the export half and the
+"""EPContext import and the compile-and-rewrite step (the export half and the
 blob format are in onnxkiln.ep_context).
 
 - `load_with_contexts(model, model_dir, providers)`: each com.microsoft::EPContext node of a

@@ -238,7 +238,7 @@ class Placer:
 def place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
           ) -> tuple[Plan, ExecutionProviderFallbackReport | None]:
     """Plan `model` on the placement's providers; the plan has no copies yet (see
-    insert_copies). Returns it with the fallback report (SPEC §6), None when the requested
+    insert_copies). Returns it with the fallback report, None when the requested
     provider runs everything. A strict placement (no "cpu") refuses any decline."""
     placer = Placer(placement) if placement.on_device else None
     with contextlib.ExitStack() as scopes:

@@ -1,4 +1,4 @@
-"""Recording a bound decode step and replaying it (SPEC §7, second half).
+"""Recording a bound decode step and replaying it.
 
 A capture runs the step once, eagerly, keeping every value. The plan is then cut into
 parts in order: captured segments (runs of recorded steps) and seams (runs of steps the

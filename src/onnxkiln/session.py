@@ -124,7 +124,7 @@ class InferenceSession:
         self._last_peak: int | None = None
 
     def _device_graphs(self) -> DeviceGraphs:
-        """The capture state (SPEC §7) over this session's plan, bindings and placement."""
+        """The capture state over this session's plan, bindings and placement."""
         device = self._bindings.provider
         declines = self._fallback.declines if self._fallback else []
         return DeviceGraphs(CaptureContext(
@@ -344,14 +344,14 @@ class InferenceSession:
         `run`. A KV output Concat(past, new) on its past's binding writes only `new`."""
         feeds = self._validator._normalise(inputs)
         bindings = self._bindings.check(feeds, bindings)
-        return self._decode_memo.run(feeds, bindings, self._trace)  # onnxkiln.decode (§7)
+        return self._decode_memo.run(feeds, bindings, self._trace)  # onnxkiln.decode
 
     def device_allocation_counts(self) -> DeviceAllocationCounts | None:
         """Device allocator activity (CUDA: torch's allocator statistics); None on the CPU."""
         return self._bindings.provider.allocation_counts()
 
     def decode_memo_counts(self) -> tuple[int, int, int, int]:
-        """(primed, rebuilt, replayed, ineligible) of the decode memo (SPEC §7).
+        """(primed, rebuilt, replayed, ineligible) of the decode memo.
 
         A bound run whose binding layout and plain-input shapes match the memo's replays it
         (skipping bound-input validation and the cache lookups); another layout builds anew
@@ -365,7 +365,7 @@ class InferenceSession:
         return self._decode_memo.counts()
 
     def decode_view_plan_counts(self) -> tuple[int, int]:
-        """(views_reused, dispatch_elided) on replayed decode steps (SPEC §7): binding views
+        """(views_reused, dispatch_elided) on replayed decode steps: binding views
         kept because their logical shape did not change, plus view steps (Reshape,
         Unsqueeze, ...) of invariant inputs whose output was reused instead of dispatched
         (counted in both)."""
@@ -374,7 +374,7 @@ class InferenceSession:
     # device-graph capture (onnxkiln.capture, onnxkiln.replay, onnxkiln.device_graph) ---
     def try_capture_with_device_bindings(self, inputs: Any, bindings: Sequence[DeviceIoBinding]
                                          ) -> DeviceGraphCaptureResult:
-        """Run this step once and record it for `replay_device_graph` (SPEC §7).
+        """Run this step once and record it for `replay_device_graph`.
 
         Every graph output must be bound. Plain `inputs` are frozen into the graph (copied
         now, reused by every replay); what changes step to step lives in bindings the
@@ -467,13 +467,13 @@ class InferenceSession:
         return self._placement.device
 
     def ep_context_config(self) -> ep_context.EpContextDumpConfig:
-        """The EPContext dump settings from the `ep.context_*` options (SPEC §9)."""
+        """The EPContext dump settings from the `ep.context_*` options."""
         return self._ep_config
 
     def export_ep_context(self, orig_path: str | os.PathLike | None,
                           partitions: Sequence[ep_context.CompiledPartition],
                           providers: Sequence[Any] = ()) -> Path | None:
-        """Write the context model for `partitions` of `graph()` (SPEC §9) per this session's
+        """Write the context model for `partitions` of `graph()` per this session's
         `ep.context_*` options; returns its path (the would-be path when disabled). Each
         partition's blob comes from the provider named in it: this session's providers, or
         compiling providers given in `providers`."""
@@ -487,7 +487,7 @@ class InferenceSession:
         return list(self._ep_partitions)
 
     def execution_provider_fallback_report(self) -> ExecutionProviderFallbackReport | None:
-        """What did not run on the requested provider and why (SPEC §6); None when it ran
+        """What did not run on the requested provider and why; None when it ran
         everything (or the CPU was asked for)."""
         return self._fallback
 

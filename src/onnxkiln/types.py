@@ -201,7 +201,7 @@ class DeviceAllocationCounts:
 
 
 class SeamKind(enum.Enum):
-    """Why a node runs eagerly between captured segments (SPEC §7)."""
+    """Why a node runs eagerly between captured segments."""
 
     HOST_CONTROL_FLOW = "host control flow"
     DATA_DEPENDENT_SHAPE = "data-dependent output shape"

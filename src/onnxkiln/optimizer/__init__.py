@@ -1,6 +1,6 @@
 """Graph optimizer: rewrite a loaded model, in place, before it is planned.
 
-Levels (SPEC.md §1), each including the ones before it:
+Levels, each including the ones before it:
 
 - "disabled": the graph runs as loaded.
 - "basic": Constant nodes become initializers; shapes are inferred; Identity, inference

@@ -290,7 +290,7 @@ class ExecutionProvider(Protocol):
 
 
 class CompilingProvider(ExecutionProvider, Protocol):
-    """A provider that compiles whole partitions (SPEC §9) and can save and load them as
+    """A provider that compiles whole partitions and can save and load them as
     EPContext nodes (onnxkiln.ep_context; the `fuse` provider implements it)."""
 
     def compile(self, graph: Any, node_ids: Iterable[int] | None = None) -> list[Any]: ...

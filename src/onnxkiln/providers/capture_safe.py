@@ -1,4 +1,4 @@
-"""Capture-safe kernels (SPEC §7): clamp bad indices and latch a violation bit, never raise.
+"""Capture-safe kernels: clamp bad indices and latch a violation bit, never raise.
 
 A captured plan (CPU: a replay list; CUDA: torch CUDA graphs) must not stop to raise or sync
 the host. `capture_safe_kernel` wraps the kernel of an indexing step: out-of-range indices

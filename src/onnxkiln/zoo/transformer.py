@@ -261,7 +261,7 @@ def _static_block(b: _Builder, x: str, mask: str, kv_index: str, i: int, cfg: Gp
 def gpt_static_decoder_step(cfg: GptConfig | None = None, capacity: int = 128, seed: int = 0,
                             **overrides: Any) -> onnx.ModelProto:
     """One GPT-2 decode step (batch 1, one new token) over fixed-capacity KV buffers, every
-    shape static: the form device-graph capture replays (SPEC §7).
+    shape static: the form device-graph capture replays.
 
     The same weights and names as `gpt_decoder_step(cfg, seed)`, so the two agree. Inputs
     input_ids int64 [1, 1]; position int64 [1] (where the new token goes: the number of tokens

@@ -1,7 +1,7 @@
 """The `fuse` provider: compiles chains of elementwise ops (ending, optionally, in a row-wise
 Softmax or layer norm) into one generated kernel each, on the host.
 
-It is a compiling provider (SPEC §9): `compile` claims partitions of a graph,
+It is a compiling provider: `compile` claims partitions of a graph,
 `save_context`/`load_context` turn a compiled partition into a context blob and back.
 Its registry holds one op, `onnxkiln.fuse::FusedPartition`, the node each partition is
 rewritten into; the rest of the graph runs on the next provider (cpu).
@@ -63,7 +63,7 @@ class FuseProvider(HostProvider):
             backend = "numba" if codegen.numba_available() is None else "numpy"
         self.backend = backend
 
-    # compiling-provider protocol (SPEC §9) ------------------------------------------------
+    # compiling-provider protocol -----------------------------------------------------------
     def compile(self, graph: ir.Graph, node_ids: Iterable[int] | None = None
                 ) -> list[CompiledPartition]:
         """Claim maximal convex partitions among `node_ids` (default all) and generate code."""
