@@ -9,7 +9,8 @@ these kernels from two Python threads at once.
 float32 transcendental functions use branch-free polynomial forms that LLVM vectorizes
 (libm's scalar `expf`/`erff` do not vectorize and are slower than numpy's):
 - exp: round-to-nearest range reduction by ln 2 (split in two parts), a degree-7 Taylor
-  polynomial, and 2^k built from the float bits of (k + 127) << 23.
+  polynomial, and 2^k built from the float bits of (k + 127) << 23 (`exp32`, which the
+  activation and recurrent kernels share).
 - erf: x * P(x^2) / Q(x^2) on |x| <= 3.925 (degrees 6 and 5), fitted for this module by
   weighted linear least squares against scipy.special.erf in float64 (max error 4e-9 in
   float64 arithmetic, 4e-7 evaluated in float32); beyond 3.925 erf rounds to +-1 in float32.
@@ -21,6 +22,9 @@ import math
 
 import numba
 import numpy as np
+from llvmlite import ir as llvm_ir
+from numba import types
+from numba.extending import intrinsic
 
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: NaN and inf propagate
 
@@ -35,6 +39,15 @@ def _helper(fn):
     except RuntimeError as e:  # "cannot cache function ...: no locator available ..."
         NO_CACHE.append(str(e))
         return numba.njit(**opts)(fn)
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):
+    """The float32 whose bits are the int32 `bits` (an LLVM bitcast; vectorizes)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_ir.FloatType())
+
+    return types.float32(types.int32), codegen
 
 
 _LOG2E = np.float32(1.4426950408889634)
@@ -59,28 +72,30 @@ _GELU_B = np.float32(-2.0 * math.sqrt(2.0 / math.pi) * 0.044715)
 
 
 @_helper
-def _exp32(src, dst, n, shift, ib):
-    """dst[:n] = exp(src[:n] - shift), float32; ib: int32 scratch of >= n elements."""
-    fb = ib.view(np.float32)
+def exp32(x):
+    """exp(x) for float32 x in [-87, 88]: p(r) 2^k, r = x - k ln 2 (module doc)."""
+    t = x * _LOG2E
+    ki = np.int32(t + _HALF) if t >= _F0 else np.int32(t - _HALF)
+    k = np.float32(ki)
+    r = x - k * _LN2_HI - k * _LN2_LO
+    p = _E7 * r + _E6
+    p = p * r + _E5
+    p = p * r + _E4
+    p = p * r + _E3
+    p = p * r + _HALF
+    p = p * r + _F1
+    p = p * r + _F1
+    return p * bits_to_f32((ki + np.int32(127)) << 23)
+
+
+@_helper
+def _exp32(src, dst, n, shift):
+    """dst[:n] = exp(src[:n] - shift), float32 (0 below the underflow bound)."""
     for j in range(n):
         v = src[j] - shift
         zero = v < _EXP_LO
-        v = min(max(v, _EXP_LO), _EXP_HI)
-        t = v * _LOG2E
-        ki = np.int32(t + _HALF) if t >= _F0 else np.int32(t - _HALF)
-        k = np.float32(ki)
-        r = v - k * _LN2_HI - k * _LN2_LO
-        p = _E7 * r + _E6
-        p = p * r + _E5
-        p = p * r + _E4
-        p = p * r + _E3
-        p = p * r + _HALF
-        p = p * r + _F1
-        p = p * r + _F1
-        ib[j] = (ki + np.int32(127)) << 23
-        dst[j] = _F0 if zero else p
-    for j in range(n):
-        dst[j] *= fb[j]
+        e = exp32(min(max(v, _EXP_LO), _EXP_HI))
+        dst[j] = _F0 if zero else e
 
 
 # ------------------------------------------------------------------------------ softmax
@@ -89,7 +104,6 @@ def _exp32(src, dst, n, shift, ib):
 def softmax_rows(x, y, log):
     """Softmax (log=1: log-softmax) of each row of x (rows, n) into y; y may be x's buffer."""
     rows, n = x.shape
-    ib = np.empty(n, np.int32)
     row = np.empty(n, np.float32)  # a copy: _exp32 vectorizes only when src and dst differ
     for r in range(rows):
         yr = y[r]
@@ -108,7 +122,7 @@ def softmax_rows(x, y, log):
             continue
         m32 = np.float32(m)
         if log:
-            _exp32(xr, yr, n, m32, ib)
+            _exp32(xr, yr, n, m32)
             s = _F0
             for j in range(n):
                 s += yr[j]
@@ -116,7 +130,7 @@ def softmax_rows(x, y, log):
             for j in range(n):
                 yr[j] = xr[j] - c
         else:
-            _exp32(xr, yr, n, m32, ib)
+            _exp32(xr, yr, n, m32)
             s = _F0
             for j in range(n):
                 s += yr[j]
@@ -134,7 +148,6 @@ def gelu(x, bias, has_bias, y, tanh_form):
     tanh_form=0: 0.5 t (1 + erf(t / sqrt 2)); 1: t / (1 + exp(-2 sqrt(2/pi) (t + 0.044715 t^3))).
     """
     rows, n = x.shape
-    ib = np.empty(n, np.int32)
     tmp = np.empty(n, np.float32)
     zb = np.empty(n, np.float32)
     for r in range(rows):
@@ -150,7 +163,7 @@ def gelu(x, bias, has_bias, y, tanh_form):
             for j in range(n):
                 t = tmp[j]
                 zb[j] = (_GELU_B * t * t + _GELU_A) * t
-            _exp32(zb, yr, n, _F0, ib)
+            _exp32(zb, yr, n, _F0)
             for j in range(n):
                 yr[j] = tmp[j] / (_F1 + yr[j])
         else:

@@ -55,20 +55,16 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from onnxkiln.providers.cpu._numba_jit import FASTMATH
+from onnxkiln.providers.cpu._numba_jit import exp32 as _exp32
 
 SIGMOID, TANH, RELU = 0, 1, 2
 _OPTS = {"nogil": True, "fastmath": FASTMATH, "error_model": "numpy"}
 
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693359375)
-_LN2_LO = np.float32(-2.12194440e-4)
-_E7, _E6, _E5, _E4, _E3 = (np.float32(1.0 / f) for f in (5040, 720, 120, 24, 6))
-_F0, _F1, _HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
 _SIG_CLAMP = np.float32(80.0)  # sigmoid(-80) = 1.8e-35 stays a normal float32 (no subnormals)
 _TANH_CLAMP = np.float32(9.0)  # tanh(9) rounds to 1 in float32
 _TANH_P = tuple(np.float32(c) for c in (
@@ -92,37 +88,11 @@ def _jit(fn=None, **extra):
     return wrap(fn) if fn is not None else wrap
 
 
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    """The float32 whose bits are the int32 `bits` (an LLVM bitcast; vectorizes)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.int32), codegen
-
-
 @_jit
 def _clip(x, c):
     """x clamped to [-c, c]; NaN stays NaN (selects, which vectorize, not branches)."""
     y = -c if x < -c else x
     return c if y > c else y
-
-
-@_jit
-def _exp32(x):
-    """exp(x) for float32 x in [-87, 88]: p(r) 2^k, r = x - k ln 2."""
-    t = x * _LOG2E
-    ki = np.int32(t + _HALF) if t >= _F0 else np.int32(t - _HALF)
-    k = np.float32(ki)
-    r = x - k * _LN2_HI - k * _LN2_LO
-    p = _E7 * r + _E6
-    p = p * r + _E5
-    p = p * r + _E4
-    p = p * r + _E3
-    p = p * r + _HALF
-    p = p * r + _F1
-    p = p * r + _F1
-    return p * _bits_to_f32((ki + np.int32(127)) << 23)
 
 
 def _sigmoid32(x):
