@@ -115,6 +115,45 @@ def test_python_floats_for_an_int_input_are_refused():
         s.run({"i": [1.5, 2.0]})
 
 
+@pytest.mark.parametrize(("dtype", "values", "bad"), [
+    (np.int8, [200, -129], "-129"), (np.int32, [2**40], str(2**40)),
+    (np.uint8, [-1], "-1"), (np.int64, [2**63], str(2**63)),
+    (np.float16, [1e6], "1000000.0"), (np.float32, [1e40], "1e+40")])
+def test_python_numbers_that_do_not_fit_the_dtype_are_refused(dtype, values, bad):
+    """numpy would wrap the integers and turn the floats into inf; the error names both."""
+    model = make_model([helper.make_node("Identity", ["i"], ["o"])],
+                       [tensor_info("i", dtype, [None])], [tensor_info("o", dtype, [None])])
+    s = InferenceSession.from_graph(model)
+    with pytest.raises(InvalidInputError, match=np.dtype(dtype).name) as info:
+        s.run({"i": values})
+    assert bad in str(info.value)
+    edge = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else np.finfo(dtype)
+    fits = [int(edge.min), int(edge.max)] if np.dtype(dtype).kind in "iu" else [float(edge.max)]
+    np.testing.assert_array_equal(s.run({"i": fits})[0], np.array(fits, dtype))
+    if np.dtype(dtype).kind == "f":  # infinity itself is a value, not an overflow
+        assert s.run({"i": [float("inf")]})[0].tolist() == [np.inf]
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_ndarray_subclasses_run_as_plain_arrays():
+    """np.matrix would stay 2-D under numpy's functions and a masked array would skip its
+    masked entries; both are read as their plain data (as onnxruntime reads them)."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["u"]),
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("CumSum", ["x", "axis"], ["c"])]
+    model = make_model(nodes, [tensor_info("x", np.float32, [2, 2])],
+                       [tensor_info("u", np.float32, [1, 2, 2]), tensor_info("s", np.float32, []),
+                        tensor_info("c", np.float32, [2, 2])],
+                       {"axes": np.array([0], np.int64), "axis": np.array(1, np.int64)})
+    s = InferenceSession.from_graph(model)
+    data = np.array([[1, 2], [3, 4]], np.float32)
+    for x in (np.matrix(data), np.ma.masked_array(data, mask=[[0, 1], [0, 0]])):
+        u, total, c = s.run({"x": x})
+        assert type(u) is np.ndarray and u.shape == (1, 2, 2)
+        assert total.shape == () and float(total) == 10.0
+        np.testing.assert_array_equal(c, np.cumsum(data, axis=1))
+
+
 def test_rank_and_static_dim_mismatch(session):
     with pytest.raises(ShapeError, match=r"expects rank 2.*got shape \(3,\)"):
         session.run({"a": A[0], "b": B})

@@ -159,7 +159,7 @@ class InputValidator:
             if tensor is not None:
                 return self._device_tensor(spec, tensor, self.device.array_dtype(tensor))
         if isinstance(raw, np.ndarray):
-            array = raw
+            array = raw if type(raw) is np.ndarray else _plain(raw)
         elif isinstance(raw, np.generic) or hasattr(raw, "__array__"):
             array = np.asarray(raw)
         elif hasattr(raw, "__dlpack__"):
@@ -238,14 +238,21 @@ def _convert_container(spec: InputSpec, raw: Any) -> Any:
                 f"{type(raw).__name__}"
             )
         return [_element(spec, item, i) for i, item in enumerate(raw)]
-    return raw if isinstance(raw, np.ndarray) else np.asarray(raw)
+    return _plain(raw)
+
+
+def _plain(raw: Any) -> np.ndarray:
+    """A base-class ndarray: np.matrix stays 2-D and masked arrays keep their masks under
+    numpy's functions, so kernels would compute something else; a masked array gives its
+    data, masked entries included, as onnxruntime reads it."""
+    return np.asarray(raw)
 
 
 def _element(spec: InputSpec, item: Any, index: int) -> Any:
     if isinstance(item, dict):
         return item
     expected = spec.np_dtype
-    array = item if isinstance(item, np.ndarray) else np.asarray(item, dtype=expected)
+    array = _plain(item) if isinstance(item, np.ndarray) else np.asarray(item, dtype=expected)
     if expected is not None and array.dtype != expected and expected.kind != "O":
         raise InvalidInputError(
             f"input '{spec.meta.name}' element {index} expects {spec.meta.dtype}, got "
@@ -285,12 +292,36 @@ def _from_python(raw: Any, expected: np.dtype | None, meta: IoMeta) -> np.ndarra
         return natural
     if natural.dtype.kind in "US" and expected.kind == "O":
         return natural.astype(object)
-    if natural.size == 0 or np.can_cast(natural.dtype, expected, casting="same_kind"):
-        return natural.astype(expected)
+    if natural.size == 0 or np.can_cast(natural.dtype, expected, casting="same_kind") or (
+            natural.dtype.kind in "iu" and expected.kind in "iu"):
+        return _cast_exactly(natural, expected, meta)
     raise InvalidInputError(
         f"input '{meta.name}' expects {meta.dtype}, got Python values of kind "
         f"{natural.dtype}; convert them first"
     )
+
+
+def _cast_exactly(natural: np.ndarray, expected: np.dtype, meta: IoMeta) -> np.ndarray:
+    """Python numbers in the model's dtype, refused where the cast would wrap an integer or
+    turn a finite number into infinity (numpy does both silently)."""
+    if natural.size and natural.dtype.kind in "iu" and expected.kind in "iu":
+        info = np.iinfo(expected)
+        low, high = natural.min(), natural.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InvalidInputError(
+                f"input '{meta.name}' expects {meta.dtype}, but the value {bad} is outside "
+                f"its range [{info.min}, {info.max}]")
+    with np.errstate(over="ignore"):
+        array = natural.astype(expected)
+    if expected.kind == "f" and natural.dtype.kind in "iuf":
+        overflow = np.isinf(array) & np.isfinite(natural)
+        if overflow.any():
+            bad = natural[overflow].flat[0]
+            raise InvalidInputError(
+                f"input '{meta.name}' expects {meta.dtype}, but the value {bad} overflows it "
+                f"(largest finite: {float(np.finfo(expected).max)})")
+    return array
 
 
 def _np_dtype(meta: IoMeta) -> np.dtype | None:
