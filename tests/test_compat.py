@@ -852,6 +852,11 @@ def test_bind_input_refuses_foreign_and_oversized_pointers(relu_neg):
         b.bind_input("x", "cpu", 0, np.float32, [4, 3], x.data_ptr())
     with pytest.raises(DeviceBindingError, match="host memory"):
         b.bind_input("x", "cuda", 0, np.float32, [2, 3], x.data_ptr())
+    for shape in ([-1, 3], [-2], [2, -3]):  # numpy would infer or reinterpret them
+        with pytest.raises(DeviceBindingError, match="negative dim"):
+            b.bind_input("x", "cpu", 0, np.float32, shape, x.data_ptr())
+        with pytest.raises(DeviceBindingError, match="negative dim"):
+            b.bind_output("y", "cpu", 0, np.float32, shape, x.data_ptr())
 
 
 def test_preallocated_outputs_receive_the_results(relu_neg):

@@ -1,4 +1,5 @@
-"""Facts read from the ONNX operator schemas (attribute defaults), cached per op and opset."""
+"""Facts read from the ONNX operator schemas (attribute defaults, cached per op and opset),
+and checks of attribute values the schemas constrain but onnx does not enforce."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import onnx
 
-__all__ = ["schema_defaults"]
+__all__ = ["positive_int_attr", "schema_defaults"]
 
 
 @functools.cache
@@ -32,3 +33,12 @@ def schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]:
             value = onnx.numpy_helper.to_array(value)
         out[name] = value
     return out
+
+
+def positive_int_attr(attrs: Mapping[str, Any], name: str, op: str, default: int = 1) -> int:
+    """An integer attribute that must be >= 1 (Conv's `group`): absent means `default`,
+    0 or a negative value is refused rather than read as the default."""
+    value = int(attrs.get(name, default))
+    if value < 1:
+        raise ValueError(f"{op}: attribute '{name}' must be >= 1, got {value}")
+    return value

@@ -306,6 +306,9 @@ def view_of(owner: OrtValue, dtype: np.dtype, shape: Sequence[int], what: str) -
     """`owner`'s memory seen as `dtype[shape]` (it must fit in the owner's buffer)."""
     base = owner._tensor("data_ptr")
     dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise DeviceBindingError(f"{what}: shape {list(dims)} has a negative dim; a bound "
+                                 "buffer needs its exact shape")
     if base.dtype == dtype and base.shape == dims:
         return base
     if dtype.kind == "O" or base.dtype.kind == "O":

@@ -301,3 +301,11 @@ def test_conv_input_smaller_than_kernel_raises():
     run = _build("Conv", {}, (), 2)
     with pytest.raises(ValueError, match="smaller than"):
         run(np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32))
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+@pytest.mark.parametrize("group", [0, -2])
+def test_conv_group_below_one_is_refused_not_read_as_one(op, group):
+    """onnxruntime refuses group=0 too; reading it as the default would run another model."""
+    with pytest.raises(ValueError, match=f"'group' must be >= 1, got {group}"):
+        _build(op, {"group": group}, (), 2)

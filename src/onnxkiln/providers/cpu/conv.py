@@ -21,6 +21,7 @@ from onnxkiln.providers.cpu._window import (
     padded_copy,
 )
 from onnxkiln.providers.cpu.registry import kernel
+from onnxkiln.schema import positive_int_attr
 
 __all__ = ["conv", "conv_transpose"]
 
@@ -290,7 +291,7 @@ _CONV_RUNNERS = {"1x1": _run_1x1, "im2col": _run_im2col, "depthwise": _run_depth
 def conv(info: NodeInfo):
     """Conv: im2col + BLAS matmul; depthwise shifted-MAC and 1x1 matmul fast paths."""
     attrs = dict(info.attrs)
-    group = int(attrs.get("group") or 1)
+    group = positive_int_attr(attrs, "group", "Conv")
     w_const, b_const = _const(info, 1), _const(info, 2)
     weights = _Cached(w_const, lambda w, kind, cdt: _prep_weight(w, kind, group, cdt))
     biases = _Cached(b_const, lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
@@ -513,7 +514,7 @@ def _run_transpose(plan: _TransposePlan, x: np.ndarray, wt: np.ndarray, cdt: np.
 def conv_transpose(info: NodeInfo):
     """ConvTranspose: BLAS matmul to columns, then col2im with one strided add per kernel tap."""
     attrs = dict(info.attrs)
-    group = int(attrs.get("group") or 1)
+    group = positive_int_attr(attrs, "group", "ConvTranspose")
     weights = _Cached(_const(info, 1), lambda w, cdt: _prep_transpose_weight(w, group, cdt))
     biases = _Cached(_const(info, 2), lambda b, nsp, cdt: _bias_nd(b, nsp, cdt))
 

@@ -16,6 +16,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu._window import compute_dtype, int_tuple
 from onnxkiln.providers.cpu.registry import kernel
+from onnxkiln.schema import positive_int_attr
 
 __all__ = ["affine_grid", "deform_conv", "grid_sample"]
 
@@ -208,8 +209,8 @@ def affine_grid(theta: np.ndarray, size: np.ndarray, *, align_corners) -> np.nda
 def deform_conv(info: NodeInfo):
     """DeformConv: bilinear samples at offset kernel taps (zero outside), masked, then a GEMM."""
     attrs = dict(info.attrs)
-    group = int(attrs.get("group") or 1)
-    offset_group = int(attrs.get("offset_group") or 1)
+    group = positive_int_attr(attrs, "group", "DeformConv")
+    offset_group = positive_int_attr(attrs, "offset_group", "DeformConv")
 
     def run(x, w, offset, b=None, mask=None):
         r = x.ndim - 2

@@ -23,6 +23,7 @@ from onnxkiln.providers.cpu.pool import _pool_geometry, _window_counts
 from onnxkiln.providers.cuda._util import attr_str, axis_of, ints, up, wants
 from onnxkiln.providers.cuda.dtypes import FLOATS, needs
 from onnxkiln.providers.cuda.registry import kernel
+from onnxkiln.schema import positive_int_attr
 
 Tensor = torch.Tensor
 _NO_INT = "no integer GEMM/convolution on CUDA through torch"
@@ -104,7 +105,7 @@ def _pad_list(begin, end) -> list[int]:
 def conv_fn(info: NodeInfo) -> Callable[..., Tensor]:
     """Conv over 1-3 spatial dims with groups, dilations, pads (asymmetric ones via F.pad)."""
     attrs = dict(info.attrs)
-    group = int(attrs.get("group") or 1)
+    group = positive_int_attr(attrs, "group", "Conv")
     cache: dict[tuple, tuple] = {}
 
     def run(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -134,7 +135,7 @@ def conv(info: NodeInfo) -> Callable[..., Tensor]:
 def conv_transpose(info: NodeInfo) -> Callable[..., Tensor]:
     """ConvTranspose with pads/auto_pad/output_shape/output_padding; bias added after crop."""
     attrs = dict(info.attrs)
-    group = int(attrs.get("group") or 1)
+    group = positive_int_attr(attrs, "group", "ConvTranspose")
 
     def run(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         nsp = x.ndim - 2
