@@ -132,7 +132,7 @@ def bench_serve(model_path: str, model: onnx.ModelProto, requests: int, clients:
         port = sock.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     print(f"serve: 1 replica, {clients} clients, {requests} single-row JSON requests each run")
-    for label, batching in (("with @serve.batch (32, 2 ms)", None), ("without batching", False)):
+    for label, batching in (("with @serve.batch (32, 2 ms)", True), ("without batching", False)):
         app = deployment(model_path, batching=batching, max_batch_size=32,
                          batch_wait_timeout_s=0.002, intra_op_threads=1,
                          ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)

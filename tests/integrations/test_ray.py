@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from conftest import build_rowwise, rowwise_reference
+from onnx import helper
 
 ray = pytest.importorskip("ray", reason="needs Ray: pip install 'onnxkiln[ray]'")
 pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'onnxkiln[ray]'")
@@ -23,7 +24,9 @@ serve = pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'o
 
 from onnxkiln import InferenceSession  # noqa: E402
 from onnxkiln.cli import main  # noqa: E402
+from onnxkiln.errors import InvalidOptionError  # noqa: E402
 from onnxkiln.integrations.ray import _cli, deployment, predict  # noqa: E402
+from onnxkiln.testing import make_model, tensor_info  # noqa: E402
 
 ROWS = 10_000
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")
@@ -51,7 +54,7 @@ def server(cluster, rowwise_x_path):
     """The one-input rowwise model served at /m; returns (base URL, port)."""
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = deployment(rowwise_x_path, max_batch_size=16, batch_wait_timeout_s=0.05,
+    app = deployment(rowwise_x_path, batching=True, max_batch_size=16, batch_wait_timeout_s=0.05,
                      ray_actor_options={"num_cpus": 0.5}, intra_op_threads=1)
     serve.run(app, name="onnxkiln-test", route_prefix="/m")
     try:
@@ -215,6 +218,46 @@ def test_concurrent_requests_are_batched_and_each_gets_its_rows(server):
     assert after["requests"] - before["requests"] == len(inputs)
     assert after["stacked_runs"] > before["stacked_runs"]  # some requests shared a run
     assert after["largest_stack"] >= 2
+
+
+def _centering():
+    """y = x - mean of x over the batch axis: an answer depends on every row it runs with."""
+    return make_model([helper.make_node("ReduceMean", ["x", "axes"], ["m"]),
+                       helper.make_node("Sub", ["x", "m"], ["y"])],
+                      [tensor_info("x", np.float32, ["n", 4])],
+                      [tensor_info("y", np.float32, ["n", 4])],
+                      {"axes": np.array([0], np.int64)}, opset=18)
+
+
+def test_concurrent_clients_of_a_batch_dependent_model_get_their_lone_answers(server):
+    _, port = server
+    model = _centering()
+    with pytest.raises(InvalidOptionError, match=r"batching=True refused: .*ReduceMean"):
+        deployment(model, batching=True)
+    serve.run(deployment(model, max_batch_size=16, batch_wait_timeout_s=0.05,
+                         ray_actor_options={"num_cpus": 0.25}, intra_op_threads=1),
+              name="centering", route_prefix="/center")
+    base = f"http://127.0.0.1:{port}/center"
+    try:
+        rng = np.random.default_rng(11)
+        inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) * (i + 1)
+                  for i in range(48)]
+        lone = InferenceSession.from_graph(model)
+
+        def call(x):
+            return _json_predict(base, {"inputs": {"x": x.tolist()}})
+
+        with ThreadPoolExecutor(48) as pool:
+            replies = list(pool.map(call, inputs))
+        for x, (status, doc) in zip(inputs, replies):
+            assert status == 200, doc
+            np.testing.assert_allclose(np.asarray(doc["outputs"]["y"], np.float32),
+                                       lone.run({"x": x})[0], rtol=1e-6, atol=1e-6)
+        meta = json.loads(_http(f"{base}/metadata")[2])
+        assert not meta["batching"]["enabled"]
+        assert meta["stats"]["requests"] == 48 and meta["stats"]["stacked_runs"] == 0
+    finally:
+        serve.delete("centering")
 
 
 def test_serve_cli_serves_until_interrupted(server, rowwise_x_path, monkeypatch, capsys):

@@ -18,7 +18,6 @@ from onnxkiln.integrations.ray import BatchPredictor, SessionConfig
 from onnxkiln.integrations.ray._http import (
     Engine,
     HttpError,
-    batch_axis,
     decode,
     encode,
     error_for,
@@ -211,6 +210,33 @@ def test_size_limits_are_413(session):
     assert info.value.status == 413 and "unpacks to" in info.value.message
 
 
+def test_request_dtypes_and_sizes_are_checked_before_allocating(session):
+    bomb = b'{"inputs": {"x": [[1]]}, "dtypes": {"x": "U100000000"}}'
+    status, message = _status(session, bomb, "application/json")
+    assert status == 422 and "'U100000000'" in message and "float32" in message
+    for dtype in ("V1000000", "O", "datetime64[s]", "[('a', '<f4')]"):
+        body = json.dumps({"inputs": {"x": [[1]]}, "dtypes": {"x": dtype}}).encode()
+        assert _status(session, body, "application/json")[0] in (400, 422), dtype
+    wide = json.dumps({"inputs": {"x": [0] * 70_000}, "dtypes": {"x": "complex128"}}).encode()
+    status, message = _status(session, wide, "application/json")  # 210 KB -> 1.1 MB
+    assert status == 413 and "70000 elements x 16 bytes" in message
+    strings = json.dumps({"inputs": {"x": ["a" * 200_000] + [""] * 100_000}}).encode()
+    status, message = _status(session, strings, "application/json")  # would be 80 GB as <U
+    assert status == 400 and "holds strings" in message
+    ok = json.dumps({"inputs": {"x": [[1] * 8]}, "dtypes": {"x": "float16"}}).encode()
+    assert _decode(session, ok, "application/json").feeds["x"].dtype == np.float16
+
+
+def test_string_inputs_take_str_dtypes_as_objects():
+    model = make_model([helper.make_node("Identity", ["t"], ["o"])],
+                       [tensor_info("t", np.str_, ["n"])], [tensor_info("o", np.str_, ["n"])])
+    s = InferenceSession.from_graph(model)
+    body = json.dumps({"inputs": {"t": ["ab", "c"]}, "dtypes": {"t": "U100000000"}}).encode()
+    feeds = decode(body, "application/json", s.inputs(), s.outputs(), LIMIT).feeds
+    assert feeds["t"].dtype == object and feeds["t"].tolist() == ["ab", "c"]
+    assert s.run(feeds)[0].tolist() == ["ab", "c"]
+
+
 # --- responses -----------------------------------------------------------------------------
 
 
@@ -255,9 +281,9 @@ def test_errors_map_to_statuses_with_the_session_message():
 # --- batching ------------------------------------------------------------------------------
 
 
-def test_stacked_runs_give_each_request_its_own_rows(session):
-    engine = Engine(session)
-    assert engine.batchable and "batch" in engine.reason
+def test_stacked_runs_give_each_request_its_own_rows(session, rowwise):
+    engine = Engine(session, batching=True, model=rowwise)
+    assert engine.batchable and "checked" in engine.reason
     sizes = [1, 5, 3, 2]
     data = [_data(n, seed=i) for i, n in enumerate(sizes)]
     results = engine.run_batch([{"x": x, "s": s} for x, s in data])
@@ -268,8 +294,8 @@ def test_stacked_runs_give_each_request_its_own_rows(session):
     assert stats["requests"] == 4 and stats["stacked_runs"] == 1 and stats["largest_stack"] == 4
 
 
-def test_a_bad_request_in_a_batch_fails_alone(session):
-    engine = Engine(session)
+def test_a_bad_request_in_a_batch_fails_alone(session, rowwise):
+    engine = Engine(session, batching=True, model=rowwise)
     x, s = _data(2)
     requests = [{"x": x, "s": s}, {"x": x.astype(np.float64), "s": s}, {"xx": x, "s": s},
                 {"x": x, "s": s}, {"x": x[:, :4].copy(), "s": s}]
@@ -282,17 +308,27 @@ def test_a_bad_request_in_a_batch_fails_alone(session):
     assert engine.stats()["errors"] == 3
 
 
-def test_models_without_a_shared_batch_dim_are_not_stacked():
-    fixed = make_model([helper.make_node("ReduceSum", ["a"], ["b"], keepdims=0)],
+def test_by_default_each_request_runs_alone(session):
+    engine = Engine(session)
+    assert not engine.batchable and "own" in engine.reason
+    data = [_data(n, seed=i) for i, n in enumerate([2, 3])]
+    results = engine.run_batch([{"x": x, "s": s} for x, s in data])
+    for (x, s), got in zip(data, results):
+        np.testing.assert_array_equal(got[0], rowwise_reference(x, s)[0])
+    assert engine.stats()["runs"] == 2 and engine.stats()["stacked_runs"] == 0
+
+
+def test_batching_a_model_that_mixes_rows_is_refused():
+    total = make_model([helper.make_node("ReduceSum", ["a"], ["b"], keepdims=0)],
                        [tensor_info("a", np.float32, ["n", 2])], [tensor_info("b", np.float32, [])])
-    s = InferenceSession.from_graph(fixed)
-    ok, reason = batch_axis(s)
-    assert not ok and "'b'" in reason
-    forced = Engine(s, batching=True)  # stacked once, outputs not per-row: redone one by one
-    a = [np.ones((2, 2), np.float32), np.full((3, 2), 2, np.float32)]
-    results = forced.run_batch([{"a": a[0]}, {"a": a[1]}])
-    assert [float(r[0]) for r in results] == [4.0, 12.0]
-    assert forced.stats()["stacked_runs"] == 0
+    s = InferenceSession.from_graph(total)
+    with pytest.raises(InvalidOptionError, match=r"batching=True refused: .*ReduceSum.*all axes"):
+        Engine(s, batching=True, model=total)
+    with pytest.raises(InvalidOptionError, match="True or False"):
+        Engine(s, batching=None)
+    alone = Engine(s).run_batch([{"a": np.ones((2, 2), np.float32)},
+                                 {"a": np.full((3, 2), 2, np.float32)}])
+    assert [float(r[0]) for r in alone] == [4.0, 12.0]
 
 
 # --- BatchPredictor (Ray Data's callable, used here without Ray) ------------------------------
@@ -350,4 +386,4 @@ def test_predictor_on_pandas_batches(rowwise):
 
 def test_serve_cli_reports_a_bad_model_before_starting_ray(tmp_path, capsys):
     code = main(["serve", str(tmp_path / "missing.onnx"), "--port", "1"])
-    assert code == 2 and "does not exist" in capsys.readouterr().out
+    assert code == 1 and "does not exist" in capsys.readouterr().err

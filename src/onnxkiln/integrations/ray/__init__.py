@@ -16,7 +16,12 @@ Serving: `deployment(model, ...)` returns a Serve application; `serve_model` als
 starts the HTTP proxy (what `onnxkiln serve MODEL` does):
 
     >>> from ray import serve
-    >>> serve.run(deployment("model.onnx", num_replicas=2, max_batch_size=32))
+    >>> serve.run(deployment("model.onnx", num_replicas=2))
+
+Each request runs on its own unless `batching=True`, which stacks concurrent requests
+into one run after a static check that the model keeps rows apart (refused, naming the
+node, when something reduces, sorts or normalizes over the batch axis; see
+`onnxkiln.integrations.ray._batch_safety`).
 
 Routes: POST /predict, GET /health, GET /metadata, GET /. Request and response
 formats (JSON, npz, npy), error statuses and the batching rules are described in

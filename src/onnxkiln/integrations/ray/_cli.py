@@ -44,7 +44,7 @@ def serve_command(args: argparse.Namespace, console: Any) -> int:
         url = serve_model(
             args.model, host=args.host, port=args.port, route_prefix=args.route_prefix,
             app_name=args.name, num_replicas=args.replicas,
-            batching=False if args.max_batch_size == 1 else None,
+            batching=args.batching and args.max_batch_size > 1,
             max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_ms / 1e3,
             ray_actor_options=actor, device=args.device, intra_op_threads=args.threads)
     except Exception as e:  # Ray's own errors (port in use, replicas failing to start)

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
+from onnxkiln import loader
 from onnxkiln.errors import InvalidOptionError, ModelLoadError
 from onnxkiln.session import InferenceSession, SessionBuilder
 
-__all__ = ["ModelSource", "SessionConfig", "model_source"]
+__all__ = ["ModelSource", "SessionConfig", "as_written", "model_source"]
 
 ModelSource = str | bytes
 """A model as it travels: an absolute file path, or serialized model bytes."""
@@ -86,3 +88,9 @@ def model_source(model: str | os.PathLike | bytes | bytearray | onnx.ModelProto,
         f"model must be a file path, model bytes or an onnx.ModelProto, got {type(model).__name__}"
     )
 
+
+
+def as_written(model: ModelSource) -> ir.Model:
+    """The model as its file or bytes hold it, checked by the loader but not optimized
+    (what the batching check reads)."""
+    return loader.load_bytes(model) if isinstance(model, bytes) else loader.load_path(model)

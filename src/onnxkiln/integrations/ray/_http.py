@@ -8,7 +8,11 @@ Request formats (POST {prefix}/predict):
   `dtypes` is optional: without it each list becomes the input's declared dtype when
   numpy casts it "same_kind" (ints -> float32, float64 -> float16 ...); otherwise it is
   sent as parsed and the session rejects it (422). With it the array is made with that
-  dtype, which the session then checks. `outputs` optionally picks outputs (default all).
+  dtype, which the session then checks; it must be a bool or numeric dtype, or the
+  input's own (a string input takes "str"): other dtypes (fixed-width strings such as
+  "U100000000", records, objects) are a 422 before anything is allocated. The array a
+  list makes (elements x itemsize) must fit the body-size limit (else 413), checked
+  before numpy allocates it. `outputs` optionally picks outputs (default all).
 - npz, `Content-Type: application/x-npz`: the body of `np.savez(f, x=..., mask=...)`,
   one array per input, names as keys.
 - npy, `Content-Type: application/x-npy`: the body of `np.save(f, x)` for a model with
@@ -16,7 +20,9 @@ Request formats (POST {prefix}/predict):
 - `application/octet-stream`, none, or `application/x-www-form-urlencoded` (what
   `curl --data-binary` sends by default): npy, npz or JSON as told by the first bytes.
 
-`?outputs=a,b` picks outputs for every format. Object (pickled) arrays are refused.
+`?outputs=a,b` picks outputs for every format. Object (pickled) arrays are refused; an
+.npy header must promise exactly the bytes that follow, and an .npz must unpack to at most
+the body-size limit, both checked before the arrays are made.
 
 Responses come in the request's format unless `Accept` names another of the three:
 JSON `{"outputs": {name: nested list}, "dtypes": {name: str}, "shapes": {name: [..]}}`;
@@ -26,11 +32,15 @@ Errors are JSON `{"error": {"status", "type", "message"}}`: 400 for a malformed 
 session's message when the model rejects the inputs (unknown or missing name, dtype,
 rank, shape), 500 when the run itself fails.
 
-Batching (see `Engine.run_batch`): requests whose arrays agree on names, dtypes and
-every dim but the first are concatenated along axis 0, run once, and split back by
-row counts. A request that cannot join one (other trailing shapes or dtypes, inputs
-without a common first dim, a model whose outputs are not provably per-row) runs on
-its own in the same batch, so mismatched shapes cost speed, never correctness.
+Batching (see `Engine.run_batch`) is off by default: each request runs on its own.
+With `batching=True` (the deployer's statement that the model treats rows independently)
+the model is first checked statically (`_batch_safety`: no reduction, sort, scan,
+normalization or contraction over the batch axis, every output carries the batch on axis
+0) and refused with the node that fails; when it passes, requests whose arrays agree on
+names, dtypes and every dim but the first are concatenated along axis 0, run once, and
+split back by row counts. A request that cannot join one (other trailing shapes or dtypes,
+inputs without a common symbolic first dim) runs on its own in the same batch, so
+mismatched shapes cost speed, never correctness.
 """
 
 from __future__ import annotations
@@ -44,15 +54,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
     InputNotFoundError,
     InvalidInputError,
+    InvalidOptionError,
     MemoryLimitError,
     RunCancelledError,
     SessionError,
 )
+from onnxkiln.integrations.ray._batch_safety import require_independent_rows
 from onnxkiln.session import InferenceSession
 from onnxkiln.types import IoMeta
 
@@ -63,7 +77,6 @@ __all__ = [
     "Engine",
     "HttpError",
     "Predict",
-    "batch_axis",
     "decode",
     "encode",
     "error_body",
@@ -140,7 +153,7 @@ def decode(body: bytes, content_type: str | None, inputs: Sequence[IoMeta],
     fmt = media_format(content_type, body)
     wanted = None
     if fmt == "json":
-        feeds, wanted = _decode_json(body, inputs)
+        feeds, wanted = _decode_json(body, inputs, max_bytes)
     elif fmt == "npz":
         feeds = _decode_npz(body, max_bytes)
     else:
@@ -156,7 +169,7 @@ def decode(body: bytes, content_type: str | None, inputs: Sequence[IoMeta],
     return Predict(feeds, fmt, wanted)
 
 
-def _decode_json(body: bytes, inputs: Sequence[IoMeta]
+def _decode_json(body: bytes, inputs: Sequence[IoMeta], max_bytes: int
                  ) -> tuple[dict[str, np.ndarray], list[str] | None]:
     try:
         doc = json.loads(body)
@@ -181,28 +194,33 @@ def _decode_json(body: bytes, inputs: Sequence[IoMeta]
                                or not all(isinstance(n, str) for n in wanted)):
         raise HttpError(400, '"outputs" must be a list of output names')
     metas = {m.name: m for m in inputs}
-    feeds = {name: _json_array(name, value, dtypes.get(name), metas.get(name))
+    feeds = {name: _json_array(name, value, dtypes.get(name), metas.get(name), max_bytes)
              for name, value in doc["inputs"].items()}
     return feeds, wanted
 
 
-def _json_array(name: str, value: Any, dtype: str | None, meta: IoMeta | None) -> np.ndarray:
+def _json_array(name: str, value: Any, dtype: str | None, meta: IoMeta | None,
+                max_bytes: int) -> np.ndarray:
     if value is None or isinstance(value, dict):
         raise HttpError(400, f"input '{name}' must be a number, a string or a nested list, got "
                         f"{type(value).__name__}")
-    if dtype is not None:
-        try:
-            np_dtype = np.dtype(dtype)
-        except TypeError as e:
-            raise HttpError(400, f"input '{name}': unknown dtype {dtype!r}") from e
-        try:
-            return np.asarray(value, dtype=np_dtype)
-        except (ValueError, TypeError, OverflowError) as e:
-            raise HttpError(400, f"input '{name}': cannot make a {np_dtype} array: {e}") from e
     target = _target_dtype(meta)
+    if dtype is not None:
+        np_dtype = _requested_dtype(name, dtype, target)
+        if np_dtype is not None:
+            _check_size(name, value, np_dtype.itemsize, max_bytes)
+            try:
+                return np.asarray(value, dtype=np_dtype)
+            except (ValueError, TypeError, OverflowError) as e:
+                raise HttpError(400, f"input '{name}': cannot make a {np_dtype} array: {e}"
+                                ) from e
+    text = _check_size(name, value, 8, max_bytes)  # numbers parse as 8-byte ints or floats
     try:
-        if target is not None and target.kind == "O":
+        if (text and target is None) or (target is not None and target.kind == "O"):
             return np.asarray(value, dtype=object)
+        if text:  # as fixed-width str, one long string would widen every element
+            raise HttpError(400, f"input '{name}' is not a rectangular nested list of numbers: "
+                            f"it holds strings, and the model's input takes {target}")
         arr = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as e:
         raise HttpError(400, f"input '{name}' is not a rectangular nested list of numbers: {e}",
@@ -217,6 +235,41 @@ def _json_array(name: str, value: Any, dtype: str | None, meta: IoMeta | None) -
         except TypeError:
             pass
     return arr  # as parsed: the session says what it expected
+
+
+def _requested_dtype(name: str, dtype: str, target: np.dtype | None) -> np.dtype | None:
+    """The dtype a request names, if the server makes arrays of it (None: a string input's
+    "str", built as the input's own); fixed-width strings, records and objects refused."""
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as e:
+        raise HttpError(400, f"input '{name}': unknown dtype {dtype!r}") from e
+    if target is not None and target.kind == "O" and np_dtype.kind in "OUS":
+        return None
+    if np_dtype.kind in "biufc" or np_dtype == target:
+        return np_dtype
+    expected = f"; the model's input takes {target}" if target is not None else ""
+    raise HttpError(422, f"input '{name}': the server does not make arrays of dtype {dtype!r} "
+                    f"({np_dtype.itemsize} bytes per element); send a bool or numeric dtype"
+                    f"{expected}", "InvalidInputError")
+
+
+def _check_size(name: str, value: Any, itemsize: int, max_bytes: int) -> bool:
+    """Refuse (413) a nested list whose array would exceed the body-size limit; whether
+    it holds strings."""
+    count, text, stack = 0, False, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        else:
+            count += 1
+            text = text or isinstance(item, str)
+    if count * itemsize > max_bytes:
+        raise HttpError(413, f"input '{name}' would be {count} elements x {itemsize} bytes = "
+                        f"{count * itemsize} bytes, over the server's limit of {max_bytes}",
+                        "PayloadTooLarge")
+    return text
 
 
 def _target_dtype(meta: IoMeta | None) -> np.dtype | None:
@@ -370,36 +423,27 @@ def error_for(exc: BaseException) -> HttpError:
 # --- running, batched ---------------------------------------------------------------------
 
 
-def batch_axis(session: InferenceSession) -> tuple[bool, str]:
-    """Whether requests may be stacked along axis 0: every required input and every
-    output is a tensor whose first dim is the same symbolic name; and why not."""
-    symbols = set()
-    for kind, metas in (("input", [m for m in session.inputs() if not m.optional]),
-                        ("output", session.outputs())):
-        for m in metas:
-            if m.kind != "tensor" or not m.shape or not isinstance(m.shape[0], str):
-                return False, (f"{kind} '{m.name}' ({m}) has no symbolic first dim, so rows "
-                               "of different requests cannot share a run")
-            symbols.add(m.shape[0])
-    if len(symbols) != 1:
-        return False, f"inputs and outputs name different first dims {sorted(symbols)}"
-    if not any(not m.optional for m in session.inputs()):
-        return False, "the model has no required input"
-    return True, f"stacked along axis 0 ('{symbols.pop()}')"
-
-
 class Engine:
-    """Runs decoded requests on one session; thread-safe; never raises from a request."""
+    """Runs decoded requests on one session; thread-safe; never raises from a request.
 
-    def __init__(self, session: InferenceSession, batching: bool | None = None) -> None:
+    `batching=True` lets `run_batch` stack compatible requests, once the static check
+    (`require_independent_rows`) has proven it safe on `model`, the model as written
+    (default: the session's graph, whose fused ops the check does not know); it raises
+    `InvalidOptionError` naming the node that mixes rows. Default: each request alone.
+    """
+
+    def __init__(self, session: InferenceSession, batching: bool = False,
+                 model: ir.Model | onnx.ModelProto | None = None) -> None:
+        if batching not in (True, False):
+            raise InvalidOptionError(f"batching must be True or False, got {batching!r}")
         self.session = session
-        auto, reason = batch_axis(session)
-        if batching is None:
-            self.batchable, self.reason = auto, reason
-        else:
-            self.batchable = batching
-            self.reason = "forced on" if batching else "turned off"
-        self._first = {m.name: m.shape[0] if m.shape else None for m in session.inputs()}
+        if batching:
+            require_independent_rows(model if model is not None else session.graph())
+        self.batchable = batching
+        self.reason = ("on: the model keeps rows apart (checked), so compatible requests "
+                       "share a run" if batching else "off: each request runs on its own")
+        self._first = {m.name: m.shape[0] if m.shape else None for m in session.inputs()
+                       if not m.optional}
         self._lock = threading.Lock()
         self._stats = {"requests": 0, "runs": 0, "stacked_runs": 0, "largest_stack": 0,
                        "errors": 0}

@@ -16,7 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from onnxkiln.errors import InvalidOptionError
-from onnxkiln.integrations.ray._config import ModelSource, SessionConfig, model_source
+from onnxkiln.integrations.ray._batch_safety import require_independent_rows
+from onnxkiln.integrations.ray._config import (
+    ModelSource,
+    SessionConfig,
+    as_written,
+    model_source,
+)
 from onnxkiln.integrations.ray._http import (
     JSON,
     Engine,
@@ -45,15 +51,15 @@ ROUTES = {
 class ModelServer:
     """One replica: loads the model once, answers the routes in `ROUTES`."""
 
-    def __init__(self, model: ModelSource, config: SessionConfig, batching: bool | None,
+    def __init__(self, model: ModelSource, config: SessionConfig, batching: bool,
                  max_batch_size: int, batch_wait_timeout_s: float,
                  max_request_bytes: int) -> None:
         self.session = config.load(model)
-        self.engine = Engine(self.session, batching)
+        self.engine = Engine(self.session, batching, as_written(model) if batching else None)
         self._inputs = self.session.inputs()
         self._outputs = self.session.outputs()
         self._max_bytes = max_request_bytes
-        self._batched = self.engine.batchable and max_batch_size > 1 and batching is not False
+        self._batched = batching and max_batch_size > 1
         self._max_batch_size = max_batch_size
         self._wait = batch_wait_timeout_s
         self._predict_batched.set_max_batch_size(max_batch_size)
@@ -125,7 +131,7 @@ def deployment(
     *,
     name: str = "onnxkiln",
     num_replicas: int = 1,
-    batching: bool | None = None,
+    batching: bool = False,
     max_batch_size: int = 32,
     batch_wait_timeout_s: float = 0.005,
     max_request_bytes: int = 64 << 20,
@@ -140,13 +146,15 @@ def deployment(
 ) -> serve.Application:
     """A Serve application serving `model` over HTTP; run it with `serve.run(app)`.
 
-    Each of `num_replicas` replicas loads the model once. Requests are queued by
-    `@serve.batch` (up to `max_batch_size` requests or `batch_wait_timeout_s`) and
-    compatible ones share one run (see `onnxkiln.integrations.ray._http`). `batching`:
-    None (default) batches when every input and output has the same symbolic first
-    dim; False serves each request on its own, without the batch queue; True stacks
-    even when the model does not declare a batch dim (outputs must be per-row; runs
-    whose outputs do not have the stacked row count are redone one by one).
+    Each of `num_replicas` replicas loads the model once. By default each request runs
+    on its own. `batching=True` says the model treats rows independently: requests are
+    then queued by `@serve.batch` (up to `max_batch_size` requests or
+    `batch_wait_timeout_s`) and compatible ones are stacked along axis 0 into one run
+    (see `onnxkiln.integrations.ray._http`), but only after a static check of the graph
+    (`onnxkiln.integrations.ray._batch_safety`: nothing reduces, sorts, scans, normalizes
+    or contracts over the batch axis) passes; a model that fails it raises
+    `InvalidOptionError` naming the node, here when this machine can read the model,
+    else when the replicas start.
     `ray_actor_options` are the replicas' (e.g. {"num_gpus": 1} with device "cuda");
     `device`, `providers`, `optimization`, `intra_op_threads` and `options` go to
     `InferenceSession.builder()`. Bad settings raise here, before anything is deployed;
@@ -168,8 +176,10 @@ def deployment(
     if not isinstance(batch_wait_timeout_s, int | float) or batch_wait_timeout_s < 0:
         raise InvalidOptionError(
             f"batch_wait_timeout_s must be a number >= 0, got {batch_wait_timeout_s!r}")
-    if batching not in (None, True, False):
-        raise InvalidOptionError(f"batching must be None, True or False, got {batching!r}")
+    if batching not in (True, False):
+        raise InvalidOptionError(f"batching must be True or False, got {batching!r}")
+    if batching and (isinstance(source, bytes) or os.path.isfile(source)):
+        require_independent_rows(as_written(source))
     settings: dict[str, Any] = {
         "name": name,
         "num_replicas": num_replicas,
