@@ -34,6 +34,7 @@ _F64 = np.dtype(np.float64)
 _lock = threading.Lock()
 _compiled: dict[tuple[str, np.dtype], Callable[..., Any]] = {}
 _installed: bool | None = None
+_no_scipy: bool | None = None
 _import_error: str | None = None  # numba is installed but does not import (numpy too new...)
 _stats = {"compiled": 0, "seconds": 0.0, "cache": None}
 
@@ -66,6 +67,14 @@ def _is_installed() -> bool:
     return _installed
 
 
+def _scipy_missing() -> bool:
+    """numba's np.dot (the recurrent and GEMV kernels) calls scipy's BLAS."""
+    global _no_scipy
+    if _no_scipy is None:
+        _no_scipy = importlib.util.find_spec("scipy") is None
+    return _no_scipy
+
+
 def disabled_reason() -> str | None:
     """None when the numba kernels are in use, else why not (for trace variant reasons)."""
     if not ENABLED:
@@ -74,6 +83,8 @@ def disabled_reason() -> str | None:
         return f"numba kernels switched off by {ENV}=1"
     if not _is_installed():
         return "numba is not installed (pip install onnxkiln[fast])"
+    if _scipy_missing():
+        return "scipy is not installed, and numba's np.dot needs it (pip install onnxkiln[fast])"
     if _import_error is not None:
         return f"numba does not import: {_import_error}"
     return None

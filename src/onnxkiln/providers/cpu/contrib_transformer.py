@@ -95,7 +95,7 @@ def _biased(x: np.ndarray, bias: np.ndarray | None, op: str) -> np.ndarray:
 
 def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
     """GELU of X (+ a 1-D bias over the last axis): the float32 numba kernel when numba is
-    on, else numpy (scipy's erf, or the tanh form)."""
+    on, else numpy (`_special.erf`, or the tanh form)."""
     op = info.op_type
     tag = op.lower()
     numpy_variant = f"{tag}.{'tanh' if tanh else 'erf'}"

@@ -304,7 +304,7 @@ def _erf_any(x: Array, out: Array = None) -> Array:
 
 @kernel("Erf", since=9, factory=True, inplace=(0,))
 def erf(info: NodeInfo) -> Callable[..., Any]:
-    """Erf via scipy.special.erf (imported on the first call); float16/bfloat16 through float32."""
+    """Erf (`_special.erf`, within 1 ulp in float32); float16/bfloat16 through float32."""
     dt = input_dtype(info, 0)
     if dt is not None and dt in (_F32, _F64):
         return _special.erf

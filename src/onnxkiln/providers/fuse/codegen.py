@@ -306,10 +306,9 @@ class FusedKernel:
             raise ValueError(f"not a {FORMAT} v{VERSION} context blob "
                              f"(format {blob.get('format')!r}, version {blob.get('version')!r})")
         sig = blob["signature"]
-        import scipy.special  # here, not at import: only a built partition needs it
+        from onnxkiln.providers.cpu import _special  # the CPU kernels: loaded with the session
 
-        scope: dict[str, Any] = {"_erf": scipy.special.erf, "_expit": scipy.special.expit,
-                                 "F32": _F32}
+        scope: dict[str, Any] = {"_erf": _special.erf, "_expit": _special.expit, "F32": _F32}
         exec(compile(blob["numpy_source"], "<onnxkiln.fuse numpy>", "exec"), scope)
         self._fast, self._general = scope["fast"], scope["general"]
         self._n_scratch = scope["N_SCRATCH"]
