@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-models bench-exported clean
+.PHONY: demo test lint docs bench bench-models bench-exported clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts examples
 
-test: $(STAMP) lint
+# The documentation site (mkdocs + mkdocstrings) into build/site; any warning fails it.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+test: $(STAMP) lint docs
 	$(PY) -m pytest -n 2 --dist loadfile tests
 
 bench: $(STAMP)

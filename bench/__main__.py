@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from bench import _env
 
 SUITES = ("realistic", "exported")
+NEEDS_ORT = ("the benchmarks compare onnxkiln with onnxruntime, which is not installed: "
+             "pip install 'onnxkiln[bench]' (or pip install onnxruntime)")
 
 
 def split_suite(argv: list[str]) -> tuple[str, list[str]]:
@@ -23,6 +26,9 @@ def split_suite(argv: list[str]) -> tuple[str, list[str]]:
 def run_main(argv: list[str] | None = None) -> int:
     """Drop the OpenBLAS pins before numpy loads (re-executing, unless --keep-env), then run."""
     argv = sys.argv[1:] if argv is None else argv
+    if importlib.util.find_spec("onnxruntime") is None:
+        print(NEEDS_ORT, file=sys.stderr)
+        return 2
     _env.unpin(argv, keep_env="--keep-env" in argv)
     suite, rest = split_suite(argv)
     if suite not in SUITES:
