@@ -125,7 +125,7 @@ def test_cli_bench_needs_a_model_or_suite(capsys):
     from onnxkiln.cli import main
 
     assert main(["bench"]) == 2
-    assert "--suite" in capsys.readouterr().out
+    assert "--suite" in capsys.readouterr().err
 
 
 def test_openblas_pins_are_dropped_for_the_suite_only():
@@ -136,3 +136,12 @@ def test_openblas_pins_are_dropped_for_the_suite_only():
     assert machine["openblas_pins_removed"]["OPENBLAS_CORETYPE"] == env["OPENBLAS_CORETYPE"]
     assert machine["openblas_pins_present"] == {}
     assert machine["blas"], "threadpoolctl should see numpy's BLAS"
+
+
+@pytest.mark.parametrize("shape", ["chain", "fanin"])
+@pytest.mark.parametrize("engine", ["onnxkiln", "onnxruntime"])
+def test_creation_scale_builds_and_checks_both_shapes(shape, engine):
+    from bench import creation_scale
+
+    seconds = creation_scale.measure(engine, shape, 50, timeout=60)
+    assert seconds is not None and 0 < seconds < 60

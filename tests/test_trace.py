@@ -403,3 +403,21 @@ def test_summarize_counts_self_time_per_op_and_node():
         "If": (1, 25), "Add": (3, 45)}
     assert {k: (v.count, v.self_ns) for k, v in p.by_node.items()} == {
         "branch": (1, 25), "branch.then_branch/add": (2, 25), "add": (1, 20)}
+
+
+def test_a_fused_node_span_names_the_model_nodes_it_replaced(tmp_path):
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["t"], name="mm"),
+         helper.make_node("Add", ["t", "b"], ["u"], name="bias"),
+         helper.make_node("Relu", ["u"], ["y"], name="act")],
+        [tensor_info("x", np.float32, [2, 3])], [tensor_info("y", np.float32, [2, 2])],
+        {"w": np.ones((3, 2), np.float32), "b": np.ones(2, np.float32)})
+    ctx = TraceContext.chrome(tmp_path / "t.json")
+    s = InferenceSession.builder().trace(ctx).from_graph(model)
+    s.run({"x": np.ones((2, 3), np.float32)})
+    ctx.close()
+    (node,) = _nodes(ctx)
+    assert node.name == "FusedGemm" and node.attributes["fused_from"] == ["mm", "bias", "act"]
+    assert summarize(ctx.spans).by_node["FusedGemm"].fused_from == ("mm", "bias", "act")
+    (event,) = [e for e in json.loads((tmp_path / "t.json").read_text()) if e["cat"] == "Node"]
+    assert event["args"]["fused_from"] == ["mm", "bias", "act"]

@@ -14,6 +14,7 @@ __all__ = [
     "MemoryLimitError",
     "ModelLoadError",
     "RunCancelledError",
+    "RunTimeoutError",
     "SequenceOutputError",
     "SessionError",
     "ShapeError",
@@ -113,3 +114,14 @@ class RunCancelledError(SessionError):
         self.node_name = node_name
         self.op_type = op_type
         self.graph = graph
+
+
+class RunTimeoutError(RunCancelledError):
+    """A run passed its time limit (`run(..., timeout=seconds)`); checked where a cancel
+    event is. `elapsed` and `timeout` are in seconds."""
+
+    def __init__(self, message: str, *, elapsed: float, timeout: float, node_name: str = "",
+                 op_type: str = "", graph: str = "") -> None:
+        super().__init__(message, node_name=node_name, op_type=op_type, graph=graph)
+        self.elapsed = elapsed
+        self.timeout = timeout

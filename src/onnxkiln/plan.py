@@ -12,6 +12,7 @@ import onnx_ir as ir
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import ModelLoadError, UnsupportedOpError
 from onnxkiln.loader import MAX_SUBGRAPH_DEPTH
+from onnxkiln.optimizer._graph import fused_from
 from onnxkiln.providers.base import (
     ControlFlowCounter,
     KernelRegistry,
@@ -21,7 +22,7 @@ from onnxkiln.providers.base import (
 )
 from onnxkiln.schema import schema_defaults
 
-__all__ = ["Plan", "Step", "build_plan", "free_values", "lifetimes"]
+__all__ = ["Plan", "Step", "build_plan", "free_values", "lifetimes", "prune_outputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class Step:
     kernel: Callable[..., Any]
     inputs: tuple[int | None, ...]
     outputs: tuple[int | None, ...]
+    fused_from: tuple[str, ...] = ()  # the model's nodes an optimizer-made node replaced
 
 
 @dataclass
@@ -151,7 +153,7 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
             external.update(s for s in out_slots if s is not None)
         steps.append(Step(node_id, node.name or f"{node.op_type}_{node_id}", node.op_type,
                           domain, opset, provider, spec, kernel, in_slots + cap_slots,
-                          out_slots))
+                          out_slots, fused_from(node)))
 
     output_slots = [slot_of(v) for v in graph.outputs]
     last_use = lifetimes(steps, input_slots, output_slots, constants)
@@ -159,6 +161,23 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
         _check_dataflow(steps, names, input_slots, constants, output_slots)
     return Plan(steps, names, input_slots, input_defaults, output_slots, constants, last_use,
                 [s in external for s in output_slots])
+
+
+def prune_outputs(plan: Plan, outputs: Sequence[int]) -> Plan:
+    """The plan computing only the graph outputs at positions `outputs` (in that order):
+    the steps they depend on, in the same order; every input slot stays."""
+    wanted = [plan.output_slots[i] for i in outputs]
+    needed = set(wanted)
+    keep: list[Step] = []
+    for step in reversed(plan.steps):
+        if any(s in needed for s in step.outputs if s is not None):
+            keep.append(step)
+            needed.update(s for s in step.inputs if s is not None)
+    keep.reverse()
+    constants = {s: v for s, v in plan.constants.items() if s in needed}
+    return Plan(keep, plan.slot_names, plan.input_slots, plan.input_defaults, wanted, constants,
+                lifetimes(keep, plan.input_slots, wanted, constants),
+                [plan.output_may_alias[i] for i in outputs] if plan.output_may_alias else [])
 
 
 def lifetimes(steps: Sequence[Step], input_slots: Sequence[int], output_slots: Sequence[int],

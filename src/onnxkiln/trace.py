@@ -253,11 +253,13 @@ class StepTracer:
 
 
 def step_meta(steps: Sequence[Any], graph: str) -> list[tuple[str, Any, str, dict]]:
-    """Per step: span name, kernel, registered variant and the static attributes."""
+    """Per step: span name, kernel, registered variant and the static attributes (with
+    `fused_from`, the model's node names, on a node the optimizer made from them)."""
     return [
         (s.op_type, s.kernel, s.spec.variant,
          {"node_id": s.node_id, "node": s.name, "op_type": s.op_type,
-          "domain": s.domain or "ai.onnx", "provider": s.provider, "graph": graph})
+          "domain": s.domain or "ai.onnx", "provider": s.provider, "graph": graph,
+          **({"fused_from": list(s.fused_from)} if s.fused_from else {})})
         for s in steps
     ]
 
@@ -335,6 +337,8 @@ def _chrome_args(span: Span) -> dict[str, Any]:
     }
     if "kernel_variant_reason" in a:
         args["kernel_variant_reason"] = a["kernel_variant_reason"]
+    if "fused_from" in a:
+        args["fused_from"] = a["fused_from"]
     return args
 
 
@@ -378,11 +382,13 @@ def _flush_at_exit(ctx: TraceContext):
 
 @dataclass
 class OpTime:
-    """Aggregated self time (span time minus its child spans) of an op type or a node."""
+    """Aggregated self time (span time minus its child spans) of an op type or a node;
+    a node the optimizer fused keeps the model's node names it replaced in `fused_from`."""
 
     op_type: str
     count: int = 0
     self_ns: int = 0
+    fused_from: tuple[str, ...] = ()
 
 
 @dataclass
@@ -414,4 +420,5 @@ def summarize(spans: Sequence[Span]) -> Profile:
             entry = table.setdefault(k, OpTime(s.name))
             entry.count += 1
             entry.self_ns += own
+        by_node[key].fused_from = tuple(a.get("fused_from", ()))
     return Profile(len(runs), sum(s.duration_ns for s in runs), by_op, by_node)

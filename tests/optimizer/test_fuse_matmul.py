@@ -155,3 +155,22 @@ def test_matmul_read_twice_keeps_its_add(harness, rng):
     proto = harness.parse(text, w=_w(rng, 8, 6), b=_x(rng, 6))
     model = harness.check(proto, {"x": _x(rng, 2, 5, 8)}, after=2)
     assert harness.ops(model) == {"MatMul": 1, "Add": 1}
+
+
+def test_a_fused_node_records_the_model_nodes_it_replaced(harness, rng):
+    """MatMul + Add -> Gemm, then Gemm + Relu -> FusedGemm: the names are the model's."""
+    from onnxkiln.optimizer._graph import FUSED_FROM, fused_from
+
+    text = f"""{HEAD}
+    g (float[3,8] x) => (float[3,6] y) {{
+        m = MatMul(x, w)
+        a = Add(m, b)
+        y = Relu(a)
+    }}"""
+    proto = harness.parse(text, w=_w(rng, 8, 6), b=_x(rng, 6))
+    for node, name in zip(proto.graph.node, ["mm_0", "add_1", "relu_2"]):
+        node.name = name
+    model = harness.check(proto, {"x": _x(rng, 3, 8)}, after=1)
+    (fused,) = model.graph
+    assert fused.op_type == "FusedGemm" and fused_from(fused) == ("mm_0", "add_1", "relu_2")
+    assert fused.metadata_props[FUSED_FROM] == "mm_0\nadd_1\nrelu_2"

@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnxkiln.providers.base import KernelRegistry, normalize_domain
 
 __all__ = [
+    "FUSED_FROM",
     "MS",
     "OURS",
     "Context",
@@ -26,6 +27,7 @@ __all__ = [
     "const_scalar",
     "const_shape",
     "consumers",
+    "fused_from",
     "graphs_of",
     "is_const",
     "is_onnx",
@@ -33,6 +35,7 @@ __all__ = [
     "other_input",
     "private",
     "producer",
+    "record_fused_from",
     "replace_value",
     "same_dims",
     "sole_consumer",
@@ -41,6 +44,7 @@ __all__ = [
 
 MS = "com.microsoft"
 OURS = "onnxkiln"
+FUSED_FROM = "onnxkiln.fused_from"  # node metadata: the source node names, one a line
 
 
 class Context:
@@ -152,8 +156,36 @@ class Context:
         graph.insert_before(anchor, list(new_nodes))
         for old, new in mapping:
             replace_value(old, new)
+        remove = _dataflow_order(list(remove))
         drop_dead(graph, remove)
+        record_fused_from(new_nodes, [n for n in remove if n.graph is None])
         self.stats[stat] += 1
+
+
+def _dataflow_order(nodes: list[ir.Node]) -> list[ir.Node]:
+    """`nodes` (a rewrite's handful) with producers before their consumers."""
+    pending, ordered = nodes, []
+    while len(pending) > 1:
+        ready = next((n for n in pending if not any(
+            i is not None and i.producer() in pending for i in n.inputs)), pending[0])
+        pending = [n for n in pending if n is not ready]
+        ordered.append(ready)
+    return ordered + pending
+
+
+def fused_from(node: ir.Node) -> tuple[str, ...]:
+    """The model's node names a rewritten node stands for (empty for the model's own)."""
+    names = node.metadata_props.get(FUSED_FROM)
+    return tuple(names.split("\n")) if names else ()
+
+
+def record_fused_from(new_nodes: Sequence[ir.Node], replaced: Sequence[ir.Node]) -> None:
+    """Note on each new node which source nodes it replaced (a rewritten one's own sources)."""
+    names = list(dict.fromkeys(
+        name for n in replaced for name in (fused_from(n) or ((n.name or n.op_type),))))
+    if names:
+        for node in new_nodes:
+            node.metadata_props[FUSED_FROM] = "\n".join(names)
 
 
 def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
