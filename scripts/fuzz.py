@@ -196,8 +196,43 @@ def seed_models() -> tuple[tuple[str, bytes], ...]:
         ("sequences", _parse(_SEQUENCES)),
         ("function", _parse(_FUNCTION)),
         ("ml", _parse(_ML)),
+        *_sklearn_models(),
     ]
     return tuple((name, m.SerializeToString()) for name, m in models)
+
+
+def _sklearn_models() -> list[tuple[str, onnx.ModelProto]]:
+    """ai.onnx.ml models as skl2onnx writes them (tree ensembles with decision_path, whose
+    LabelEncoder over an untyped tree output crashes onnx's C++ inference; a ZipMap's
+    sequence of maps; SVM, linear, scaler and encoder attributes); none without skl2onnx."""
+    try:
+        from skl2onnx import to_onnx
+        from sklearn.ensemble import GradientBoostingClassifier, RandomForestRegressor
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+        from sklearn.svm import SVC
+        from sklearn.tree import DecisionTreeClassifier
+    except ImportError:
+        return []
+    rng = np.random.RandomState(0)
+    x = rng.rand(40, 3).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64) + (x[:, 1] > 0.5)
+    path = {"decision_path": True, "zipmap": False}
+    fitted = [
+        ("sk_tree_path", DecisionTreeClassifier(max_depth=3).fit(x, y), path),
+        ("sk_forest_path", RandomForestRegressor(3, max_depth=3, random_state=0).fit(x, y),
+         {"decision_path": True}),
+        ("sk_boosting", GradientBoostingClassifier(n_estimators=3, max_depth=2).fit(x, y), {}),
+        ("sk_logistic_zipmap", LogisticRegression().fit(x, y), {}),
+        ("sk_svc", make_pipeline(StandardScaler(), SVC()).fit(x, y), {}),
+    ]
+    models = [(name, to_onnx(m, x[:1], options={id(m[-1] if hasattr(m, "steps") else m): o},
+                             target_opset=17)) for name, m, o in fitted]
+    cats = np.array([["a", "x"], ["b", "y"], ["a", "z"]], dtype=object)
+    encoder = OneHotEncoder(handle_unknown="ignore").fit(cats)  # the fuzz feeds unknown ones
+    models.append(("sk_onehot", to_onnx(encoder, cats[:1], target_opset=17)))
+    return models
 
 
 # ---- structural mutations ---------------------------------------------------------------

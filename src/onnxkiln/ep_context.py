@@ -39,6 +39,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
+from onnxkiln import onnx_guard
 from onnxkiln.errors import EpContextError
 
 __all__ = [
@@ -400,7 +401,7 @@ def _inferred_types(proto: onnx.ModelProto, untyped: list[ir.Value]
     if not untyped:
         return {}
     try:
-        done = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+        done = onnx_guard.infer_shapes(proto, strict_mode=False)
     except Exception:  # a best effort: such values go without value_info
         return {}
     want = {v.name for v in untyped}

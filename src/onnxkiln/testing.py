@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxkiln import onnx_guard
+
 __all__ = [
     "assert_matches_ort",
     "assert_same",
@@ -49,7 +51,7 @@ def make_model(
     opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
     ir_version = 10 if opset >= 21 else 8
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
-    onnx.checker.check_model(model)
+    onnx_guard.check_model(model)
     return model
 
 
@@ -81,7 +83,7 @@ def node_model(
     opsets = [helper.make_opsetid("", opset)]
     opsets += [helper.make_opsetid(d, v) for d, v in (extra or {}).items()]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10 if opset >= 21 else 8)
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx_guard.infer_shapes(model)
     del model.graph.output[:]
     by_name = {vi.name: vi for vi in inferred.graph.value_info}
     by_name.update({vi.name: vi for vi in inferred.graph.output})

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnxkiln import onnx_guard
 from onnxkiln.compat._values import ModelMetadata, NodeArg, elem_name, type_string
 from onnxkiln.types import IoMeta
 
@@ -149,7 +150,7 @@ def _infer_outputs(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
         elif t.name not in declared:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+        inferred = onnx_guard.infer_shapes(skeleton, data_prop=True)
     except Exception:  # metadata only: an output without inferred type keeps what it had
         return {}
     found = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)

@@ -15,9 +15,9 @@ import math
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
+from onnxkiln import onnx_guard
 from onnxkiln.errors import SessionError
 from onnxkiln.optimizer._graph import (
     Context,
@@ -83,9 +83,9 @@ def infer_shapes(ctx: Context) -> bool:
     serde_log.setLevel(logging.ERROR)
     try:
         proto = skeleton(ctx.model, value_info=True)
-        onnx.checker.check_model(proto)
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False,
-                                                     strict_mode=False, data_prop=True)
+        onnx_guard.check_model(proto)
+        inferred = onnx_guard.infer_shapes(proto, check_type=False,
+                                           strict_mode=False, data_prop=True)
     except Exception as e:  # inference is an aid, never a failure
         logger.debug("shape inference skipped: %s", e)
         return False

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxkiln import onnx_guard
 from onnxkiln.errors import InvalidOptionError
 from onnxkiln.loader import from_graph
 from onnxkiln.skeleton import skeleton
@@ -265,8 +266,8 @@ def _merge(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> tuple[Any, .
 def _inferred_shapes(model: ir.Model) -> dict[str, tuple[Any, ...] | None]:
     """Value name -> dims (None for symbolic) from onnx shape inference; {} if it fails."""
     try:
-        proto = onnx.shape_inference.infer_shapes(skeleton(model), check_type=False,
-                                                  strict_mode=False, data_prop=True)
+        proto = onnx_guard.infer_shapes(skeleton(model), check_type=False,
+                                        strict_mode=False, data_prop=True)
     except Exception as e:  # inference is an aid: without it, unknown ranks refuse
         logger.debug("shape inference skipped: %s", e)
         return {}

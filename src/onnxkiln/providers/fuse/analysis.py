@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxkiln import onnx_guard
 from onnxkiln.providers.fuse.ops import OPS, REDUCTIONS
 from onnxkiln.schema import schema_defaults
 
@@ -57,7 +58,7 @@ class Graphview:
                                    inputs, []),
             opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in self.opsets.items()])
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+            inferred = onnx_guard.infer_shapes(proto, strict_mode=False)
         except Exception:  # inference is a best effort: untyped values are declined
             return
         types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
