@@ -90,6 +90,23 @@ def test_providers_validation():
     assert b._providers == ["cuda", "cpu"]
 
 
+def test_onnxruntime_provider_names_are_aliases():
+    b = InferenceSession.builder()
+    assert b.providers(["CUDAExecutionProvider", "CPUExecutionProvider"])._providers == [
+        "cuda", "cpu"]
+    assert b.providers([("CUDAExecutionProvider", {"device_id": 1}), "cpu"])._providers == [
+        "cuda:1", "cpu"]
+    with pytest.warns(UserWarning, match=r"\['arena_extend_strategy'\] have no onnxkiln"):
+        b.providers([("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
+    with pytest.raises(InvalidOptionError, match="device_id must be an int"):
+        b.providers([("CUDAExecutionProvider", {"device_id": "x"})])
+    with pytest.raises(InvalidOptionError, match="'TensorrtExecutionProvider' is an "
+                                                 "onnxruntime provider onnxkiln does not serve"):
+        b.providers(["TensorrtExecutionProvider"])
+    with pytest.raises(InvalidOptionError, match="takes no options"):
+        b.providers([("cpu", {"x": 1})])
+
+
 @pytest.mark.parametrize("level", ["disabled", "basic", "extended", "all"])
 def test_optimization_levels_are_stored(level):
     s = InferenceSession.builder().optimization(level).from_graph(_pair_model())
@@ -126,6 +143,7 @@ OPTION_CASES = [  # key, a valid value, an invalid value, the error it gives
     ("optimized_model_path", "opt.onnx", "out\\", "must name a file"),
     ("memory.inplace", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
     ("memory.track", "1", "2", r"must be one of \['0', '1'\], got '2'"),
+    ("load.max_inlined_nodes", "5000", "1e6", "takes a whole number >= 1, got '1e6'"),
     ("specialize", "0", "off", r"must be one of \['0', '1'\], got 'off'"),
     ("testing.cuda_on_torch_cpu", "0", "yes", r"must be one of \['0', '1'\], got 'yes'"),
 ]
@@ -154,7 +172,8 @@ def test_unknown_option_lists_every_valid_key_and_the_closest():
         "unknown session option 'ep.context_embedmode'; valid keys are ['capture.allow_seams', "
         "'decode.memo', 'decode.verify', "
         "'ep.context_embed_mode', 'ep.context_enable', 'ep.context_file_path', "
-        "'ep.context_node_name_prefix', 'memory.inplace', 'memory.track', "
+        "'ep.context_node_name_prefix', 'load.max_inlined_nodes', 'memory.inplace', "
+        "'memory.track', "
         "'optimized_model_path', 'specialize', 'testing.cuda_on_torch_cpu']; did you mean "
         "'ep.context_embed_mode'?")
     assert isinstance(info.value, KeyError)

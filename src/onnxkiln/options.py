@@ -6,7 +6,7 @@ import difflib
 
 from onnxkiln.errors import InvalidOptionError, UnknownOptionError
 
-__all__ = ["FILE_OPTIONS", "KNOWN_OPTIONS", "OPTIMIZATION_LEVELS", "check_option"]
+__all__ = ["COUNT_OPTIONS", "FILE_OPTIONS", "KNOWN_OPTIONS", "OPTIMIZATION_LEVELS", "check_option"]
 
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 
@@ -25,8 +25,11 @@ KNOWN_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "specialize": ("0", "1"),  # per-signature specialised plans (default 1; 0 for A/B runs)
     # test-only: run the CUDA provider's torch kernels on torch's CPU device (no GPU needed)
     "testing.cuda_on_torch_cpu": ("0", "1"),
+    # most nodes the model-local functions may inline to (default 1000000; see inlining.py)
+    "load.max_inlined_nodes": None,
 }
 FILE_OPTIONS = frozenset({"ep.context_file_path", "optimized_model_path"})
+COUNT_OPTIONS = frozenset({"load.max_inlined_nodes"})  # a whole number >= 1
 
 
 def check_option(key: str, value: str) -> str:
@@ -46,6 +49,8 @@ def check_option(key: str, value: str) -> str:
         raise InvalidOptionError(f"option '{key}' needs a non-empty value")
     if allowed is not None and value not in allowed:
         raise InvalidOptionError(f"option '{key}' must be one of {list(allowed)}, got {value!r}")
+    if key in COUNT_OPTIONS and not (value.isdecimal() and value.isascii() and int(value) >= 1):
+        raise InvalidOptionError(f"option '{key}' takes a whole number >= 1, got {value!r}")
     if key in FILE_OPTIONS and value.endswith(("/", "\\")):
         raise InvalidOptionError(f"option '{key}' must name a file, got the folder {value!r}")
     return value

@@ -110,6 +110,43 @@ def test_common_subexpressions_merge(harness, rng):
     assert harness.ops(model) == {"Relu": 1, "Mul": 1, "Add": 1}
 
 
+def test_cse_merges_a_wide_fan_in_in_linear_time(harness, rng):
+    """20,000 equal Relu(x) feeding one Sum merge into one (each use replaced once: a
+    replacement per merge rebuilt the Sum's 20,000 inputs each time)."""
+    import time
+
+    from onnx import TensorProto, helper
+
+    n = 20_000
+    nodes = [helper.make_node("Relu", ["x"], [f"r{i}"]) for i in range(n)]
+    nodes.append(helper.make_node("Sum", [f"r{i}" for i in range(n)], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    start = time.perf_counter()
+    model = harness.optimize(proto, "basic")
+    assert time.perf_counter() - start < 30
+    assert harness.ops(model) == {"Relu": 1, "Sum": 1}
+    x = np.array([1.0, -2.0, 0.5], np.float32)  # sums of these are exact in float32
+    np.testing.assert_array_equal(harness.run(model, {"x": x})[0], n * np.maximum(x, 0))
+
+
+def test_cse_merges_equal_chains_in_one_pass(harness, rng):
+    text = f"""{HEAD}
+    g (float[3,4] x) => (float[3,4] y) {{
+        a1 = Relu(x)
+        a2 = Exp(a1)
+        a3 = Neg(a2)
+        b1 = Relu(x)
+        b2 = Exp(b1)
+        b3 = Neg(b2)
+        y = Add(a3, b3)
+    }}"""
+    model = harness.check(harness.parse(text), {"x": _x(rng, 3, 4)}, "basic", after=4)
+    assert harness.ops(model) == {"Relu": 1, "Exp": 1, "Neg": 1, "Add": 1}
+
+
 def test_cse_keeps_random_ops_and_different_attributes(harness, rng):
     text = f"""{HEAD}
     g (float[3,4] x) => (float[3,4] y, float[3,4] z) {{
