@@ -10,7 +10,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxkiln import InferenceSession, InvalidInputError, RunCancelledError, SessionError
+from onnxkiln import (
+    InferenceSession,
+    InvalidInputError,
+    InvalidOptionError,
+    RunCancelledError,
+    RunTimeoutError,
+    SessionError,
+)
 from onnxkiln.testing import make_model, tensor_info
 from onnxkiln.trace import TraceContext
 
@@ -179,3 +186,106 @@ def test_cancel_must_be_an_event():
     session = InferenceSession.from_graph(_chain(n=1, size=4))
     with pytest.raises(InvalidInputError, match="threading.Event"):
         session.run({"x": np.ones((4, 4), np.float32)}, cancel=True)  # type: ignore[arg-type]
+
+
+# timeout= ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_body_nodes", [True, False])
+def test_timeout_stops_an_endless_loop_with_a_timeout_error(with_body_nodes):
+    session = InferenceSession.from_graph(_endless_loop(with_body_nodes))
+    start = time.perf_counter()
+    with pytest.raises(RunTimeoutError, match=r"run timed out .*forever\.body.* s elapsed, "
+                                              r"over the timeout of 0\.2 s") as info:
+        session.run({"x": X4}, timeout=0.2)
+    elapsed = time.perf_counter() - start
+    assert 0.2 <= elapsed < 2.0
+    assert isinstance(info.value, RunCancelledError)
+    assert info.value.timeout == 0.2 and 0.2 <= info.value.elapsed < 2.0
+    assert info.value.graph == "forever.body"
+
+
+def test_timeout_stops_a_loop_with_a_huge_trip_count_and_no_cond():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["x_in", "one"], ["x_out"], name="inc")], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [4])])
+    loop = helper.make_node("Loop", ["m", "", "x"], ["y"], name="long", body=body)
+    model = make_model([loop], [tensor_info("x", np.float32, [4])],
+                       [tensor_info("y", np.float32, [4])],
+                       {"m": np.array(1 << 62), "one": np.float32(1)})
+    session = InferenceSession.from_graph(model)
+    start = time.perf_counter()
+    with pytest.raises(RunTimeoutError) as info:
+        session.run({"x": X4}, timeout=0.3)
+    assert time.perf_counter() - start < 2.0
+    assert info.value.graph == "long.body" and info.value.node_name in ("", "inc")
+
+
+def test_timeout_stops_a_long_scan():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="acc")], "body",
+        [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [1])])
+    scan = helper.make_node("Scan", ["s", "xs"], ["y"], name="scan", body=body,
+                            num_scan_inputs=1)
+    model = make_model([scan], [tensor_info("s", np.float32, [1]),
+                                tensor_info("xs", np.float32, ["t", 1])],
+                       [tensor_info("y", np.float32, [1])])
+    session = InferenceSession.from_graph(model)
+    xs = np.ones((2_000_000, 1), np.float32)
+    with pytest.raises(RunTimeoutError, match="scan.body"):
+        session.run({"s": np.zeros(1, np.float32), "xs": xs}, timeout=0.2)
+
+
+def test_timeout_stops_a_straight_line_run_before_a_node():
+    session = InferenceSession.from_graph(_chain(400, 256))
+    x = np.ones((256, 256), np.float32)
+    with pytest.raises(RunTimeoutError) as info:
+        session.run({"x": x}, timeout=0.005)
+    assert info.value.node_name.startswith(("matmul_", "tanh_", "out"))
+
+
+def test_run_within_its_timeout_matches_the_plain_run():
+    session = InferenceSession.from_graph(_chain(4, 16))
+    x = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+    (plain,) = session.run({"x": x})
+    (timed,) = session.run({"x": x}, timeout=30)
+    np.testing.assert_array_equal(timed, plain)
+    (out,) = session.run_outputs({"x": x}, timeout=30.0, cancel=threading.Event())
+    np.testing.assert_array_equal(out.value, plain)
+
+
+def test_cancel_still_stops_a_run_that_has_a_timeout():
+    session = InferenceSession.from_graph(_endless_loop())
+    with pytest.raises(RunCancelledError, match="cancel event was set") as info:
+        session.run({"x": X4}, cancel=_cancel_after(0.1), timeout=60)
+    assert not isinstance(info.value, RunTimeoutError)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", True])
+def test_timeout_must_be_a_positive_number_of_seconds(bad):
+    session = InferenceSession.from_graph(_chain(2, 4))
+    with pytest.raises(InvalidInputError, match="timeout takes a number of seconds > 0"):
+        session.run({"x": np.ones((4, 4), np.float32)}, timeout=bad)
+
+
+def test_compat_run_config_entry_sets_a_timeout(tmp_path):
+    import onnxkiln.compat as ort
+
+    path = tmp_path / "forever.onnx"
+    onnx.save(_endless_loop(), path)
+    sess = ort.InferenceSession(str(path))
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("kiln.run.timeout_s", "0.2")
+    start = time.perf_counter()
+    with pytest.raises(RunTimeoutError, match="over the timeout of 0.2 s"):
+        sess.run(None, {"x": X4}, ro)
+    assert time.perf_counter() - start < 2.0
+    ro.add_run_config_entry("kiln.run.timeout_s", "soon")
+    with pytest.raises(InvalidOptionError, match="kiln.run.timeout_s takes a number"):
+        sess.run(None, {"x": X4}, ro)

@@ -3,11 +3,21 @@ peak-memory numbers a session reports."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from onnxkiln import InferenceSession, InvalidOptionError, MemoryStats, executor, loader, zoo
+from onnxkiln import (
+    InferenceSession,
+    InvalidOptionError,
+    MemoryLimitError,
+    MemoryStats,
+    executor,
+    loader,
+    zoo,
+)
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.memory import plan_donations
 from onnxkiln.plan import build_plan
@@ -93,6 +103,31 @@ def test_output_buffer_is_the_dying_input_buffer():
     plain = _Recorder()
     CompiledPlan(plan, inplace=False).hooked([np.ones(N, F32)], plain)
     assert plain.reused == {}
+
+
+def test_large_plans_donate_without_a_try_block_per_step(monkeypatch):
+    from onnxkiln import executor
+
+    monkeypatch.setattr(executor, "COMPACT_STEPS", 0)
+    plan = build_plan(loader.from_graph(_chain_model()), [REGISTRY])
+    compiled = CompiledPlan(plan, inplace=True)
+    assert "_out_or_plain(" in compiled.source and "try:" not in compiled.source
+    recorder = _Recorder()
+    compiled.hooked([np.ones(N, F32)], recorder)
+    assert recorder.reused == dict.fromkeys(range(1, 9), 0)
+    x = np.linspace(-3, 3, N, dtype=F32)
+    np.testing.assert_array_equal(compiled([x])[0], CompiledPlan(plan, inplace=False)([x])[0])
+
+
+def test_out_or_plain_falls_back_when_the_ufunc_refuses_the_out():
+    from onnxkiln.executor import _out_or_plain
+
+    ints = np.arange(4)
+    got = _out_or_plain(np.add, ints, ints, np.float32(0.5))  # float result, int out
+    np.testing.assert_array_equal(got, [0.5, 1.5, 2.5, 3.5])
+    np.testing.assert_array_equal(ints, [0, 1, 2, 3])
+    floats = np.zeros(4, F32)
+    assert _out_or_plain(np.add, floats, floats, F32(1)) is floats
 
 
 def test_small_arrays_are_not_donated():
@@ -498,3 +533,217 @@ def test_matmul_bias_add_reuses_the_matmul_result():
     (y,), session = _both(model, {"x": x})
     np.testing.assert_allclose(y, x[..., : N // 2] * 2 + 1, rtol=1e-6, atol=1e-6)
     assert session.memory_stats().inplace_reuses == 1
+
+
+# memory_limit: refused before allocating, inside bodies too --------------------------
+
+MB = 1 << 20
+LIMIT = 16 * MB
+
+
+def _i64(v):
+    return np.array(v, np.int64)
+
+
+def _one(op, ins, out_rank, inputs, **attrs):
+    node = _node(op, ins, ["y"], name="big", **attrs)
+    dims = [f"d{k}" for k in range(out_rank)]
+    return make_model([node], inputs, [tensor_info("y", F32, dims)])
+
+
+def _loop(body_nodes, body_ins, body_outs, loop_ins, loop_outs, graph_ins, graph_outs,
+          before=(), after=()):
+    body = helper.make_graph(body_nodes, "body", body_ins, body_outs)
+    loop = _node("Loop", loop_ins, loop_outs, name="loop", body=body)
+    return make_model([*before, loop, *after], graph_ins, graph_outs)
+
+
+_ITER = [tensor_info("i", np.int64, []), tensor_info("c", np.bool_, [])]
+_COND = [_node("Identity", ["c"], ["c_out"])]
+_C_OUT = tensor_info("c_out", np.bool_, [])
+_M_X = [tensor_info("m", np.int64, []), tensor_info("x", F32, ["n"])]
+
+
+def _concat_doubling():
+    return _loop([*_COND, _node("Concat", ["x", "x"], ["x_out"], name="doubling", axis=0)],
+                 [*_ITER, tensor_info("x", F32, ["k"])],
+                 [_C_OUT, tensor_info("x_out", F32, ["k2"])],
+                 ["m", "", "x"], ["y"], _M_X, [tensor_info("y", F32, ["p"])])
+
+
+def _scan_outputs():
+    return _loop([*_COND, _node("Add", ["x", "x"], ["s"], name="fresh")], _ITER,
+                 [_C_OUT, tensor_info("s", F32, ["k"])],
+                 ["m", ""], ["y"], _M_X, [tensor_info("y", F32, ["p", "q"])])
+
+
+def _sequence_insert():
+    seq = helper.make_tensor_sequence_value_info
+    return _loop([*_COND, _node("Add", ["x", "x"], ["s"], name="fresh"),
+                  _node("SequenceInsert", ["seq", "s"], ["seq_out"], name="insert")],
+                 [*_ITER, seq("seq", TensorProto.FLOAT, ["k"])],
+                 [_C_OUT, seq("seq_out", TensorProto.FLOAT, ["k"])],
+                 ["m", "", "s0"], ["seq"], _M_X, [tensor_info("y", np.int64, [])],
+                 before=[_node("SequenceEmpty", [], ["s0"], dtype=TensorProto.FLOAT)],
+                 after=[_node("SequenceLength", ["seq"], ["y"])])
+
+
+def _reshaped(op, **attrs):
+    """`op` over inputs reshaped by a shape given at run time: no inference can size it."""
+    nodes = [_node("Reshape", ["a", "sa"], ["a2"]), _node("Reshape", ["b", "sb"], ["b2"]),
+             _node(op, ["a2", "b2"], ["y"], name="big", **attrs)]
+    return make_model(nodes, [tensor_info(n, t, s) for n, t, s in (
+        ("a", F32, ["n"]), ("b", F32, ["m"]), ("sa", np.int64, [2]), ("sb", np.int64, [2]))],
+        [tensor_info("y", F32, ["p", "q"])])
+
+
+_SIDE = 4096  # an outer product of two 4096-vectors: 64 MiB of float32
+_VEC = np.ones(_SIDE, F32)
+_LIMIT_CASES = {
+    "gemm": (lambda: _reshaped("Gemm"), "big",
+             {"a": _VEC, "b": _VEC, "sa": _i64([_SIDE, 1]), "sb": _i64([1, _SIDE])}),
+    "einsum": (lambda: _reshaped("Einsum", equation="ik,kj->ij"), "big",
+               {"a": _VEC, "b": _VEC, "sa": _i64([_SIDE, 1]), "sb": _i64([1, _SIDE])}),
+    "hann": (lambda: _one("HannWindow", ["n"], 1, [tensor_info("n", np.int64, [])]), "big",
+             {"n": _i64(16 * MB)}),
+    "blackman": (lambda: _one("BlackmanWindow", ["n"], 1, [tensor_info("n", np.int64, [])]),
+                 "big", {"n": _i64(16 * MB)}),
+    "mel": (lambda: _one("MelWeightMatrix", ["b", "d", "r", "lo", "hi"], 2,
+                         [tensor_info(n, t, []) for n, t in (
+                             ("b", np.int64), ("d", np.int64), ("r", np.int64), ("lo", F32),
+                             ("hi", F32))]), "big",
+            {"b": _i64(2048), "d": _i64(8192), "r": _i64(16000), "lo": np.array(0, F32),
+             "hi": np.array(8000, F32)}),
+    "dft": (lambda: _one("DFT", ["x", "len"], 3, [tensor_info("x", F32, [1, "n", 1]),
+                                                   tensor_info("len", np.int64, [])]), "big",
+            {"x": np.ones((1, 16, 1), F32), "len": _i64(4 * MB)}),
+    "concat_in_loop": (_concat_doubling, "doubling", {"m": _i64(40), "x": np.ones(1024, F32)}),
+    "loop_scan_outputs": (_scan_outputs, "(loop|fresh)",
+                          {"m": _i64(10_000), "x": np.ones(MB // 4, F32)}),
+    "sequence_insert_in_loop": (_sequence_insert, "insert",
+                                {"m": _i64(10_000), "x": np.ones(MB // 4, F32)}),
+    "plain_add": (lambda: _one("Add", ["a", "b"], 1, [tensor_info("a", F32, ["n"]),
+                                                      tensor_info("b", F32, ["n"])]), "big",
+                  {"a": np.ones(3 * MB // 2, F32), "b": np.ones(3 * MB // 2, F32)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LIMIT_CASES))
+def test_memory_limit_refuses_before_allocating_past_it(name):
+    import tracemalloc
+
+    make, node, feeds = _LIMIT_CASES[name]
+    session = InferenceSession.builder().memory_limit(LIMIT).from_graph(make())
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(MemoryLimitError, match=f"at node '{node}'") as info:
+            session.run(feeds)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert re.fullmatch(node, info.value.node_name) and info.value.limit == LIMIT
+    assert peak <= LIMIT + 2 * MB, f"{peak:,} bytes allocated before the refusal"
+
+
+def test_loop_under_the_limit_matches_the_unlimited_run_and_reports_its_peak():
+    feeds = {"m": _i64(8), "x": np.arange(MB // 8, dtype=F32)}
+    free = InferenceSession.from_graph(_scan_outputs())
+    limited = InferenceSession.builder().memory_limit(LIMIT).from_graph(_scan_outputs())
+    (want,), (got,) = free.run(feeds), limited.run(feeds)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == (8, MB // 8)
+    # 8 scan outputs of 512 KiB, their stacked copy and the input
+    assert 8 * MB <= limited.last_run_peak_bytes() <= 10 * MB
+
+
+def test_sequence_sharing_its_tensors_is_counted_once():
+    feeds = {"m": _i64(24), "x": np.ones(MB // 4, F32)}  # 24 MiB of tensors in the sequence
+    limited = InferenceSession.builder().memory_limit(28 * MB).from_graph(_sequence_insert())
+    assert limited.run(feeds)[0] == 24
+    assert 24 * MB <= limited.last_run_peak_bytes() <= 28 * MB
+
+
+def test_memory_limit_checks_every_iteration_of_a_scan():
+    body = helper.make_graph(
+        [_node("Add", ["s_in", "x_t"], ["s_out"]), _node("Tile", ["x_t", "reps"], ["wide"],
+                                                          name="tile")], "body",
+        [tensor_info("s_in", F32, [1]), tensor_info("x_t", F32, [1])],
+        [tensor_info("s_out", F32, [1]), tensor_info("wide", F32, ["w"])])
+    scan = _node("Scan", ["s", "xs"], ["y", "stack"], name="scan", body=body, num_scan_inputs=1)
+    model = make_model([scan], [tensor_info("s", F32, [1]), tensor_info("xs", F32, ["t", 1])],
+                       [tensor_info("y", F32, [1]), tensor_info("stack", F32, ["t", "w"])],
+                       {"reps": _i64([MB // 4])})
+    session = InferenceSession.builder().memory_limit(LIMIT).from_graph(model)
+    feeds = {"s": np.zeros(1, F32), "xs": np.ones((1000, 1), F32)}
+    with pytest.raises(MemoryLimitError, match="at node '(scan|tile)'"):
+        session.run(feeds)
+    feeds["xs"] = np.ones((4, 1), F32)
+    y, stack = session.run(feeds)
+    assert y[0] == 4 and stack.shape == (4, MB // 4)
+
+
+def test_data_propagation_is_skipped_for_long_vectors(monkeypatch):
+    import onnx
+
+    calls = []
+    infer = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda model, **kw: calls.append(kw.get("data_prop")) or infer(model, **kw))
+    for n, expected in ((40_000_000, False), (16, True)):
+        calls.clear()
+        model = make_model([_node("Add", ["x", "x"], ["y"])], [tensor_info("x", F32, [n])],
+                           [tensor_info("y", F32, [n])])
+        InferenceSession.from_graph(model)
+        assert calls and set(calls) == {expected}
+
+
+_PREDICTED = [  # (op, attrs, inputs, output rank): the prediction is the output's exact size
+    ("Gemm", {}, [(3, 5), (5, 7)], 2),
+    ("Gemm", {"transA": 1, "transB": 1}, [(5, 3), (7, 5)], 2),
+    ("Einsum", {"equation": "ij,jk->ik"}, [(3, 4), (4, 6)], 2),
+    ("Einsum", {"equation": "bij,bjk->bik"}, [(2, 3, 4), (2, 4, 5)], 3),
+    ("Einsum", {"equation": "...ij,...jk"}, [(2, 3, 4), (4, 5)], 3),
+    ("Einsum", {"equation": "i,j"}, [(3,), (4,)], 2),
+    ("Einsum", {"equation": "ii->i"}, [(4, 4)], 1),
+    ("Concat", {"axis": 1}, [(2, 3), (2, 5), (2, 1)], 2),
+    ("Cast", {"to": TensorProto.DOUBLE}, [(4, 3)], 2),
+    ("Add", {}, [(4, 1), (1, 5)], 2),
+    ("Mul", {}, [(6,), ()], 1),
+    ("Softmax", {}, [(3, 7)], 2),
+]
+
+
+def _sized_session(op, attrs, feeds, rank, out_type=F32):
+    model = make_model([_node(op, list(feeds), ["y"], **attrs)],
+                       [tensor_info(n, v.dtype, list(v.shape)) for n, v in feeds.items()],
+                       [tensor_info("y", out_type, [f"d{k}" for k in range(rank)])])
+    return InferenceSession.builder().optimization("disabled").from_graph(model)
+
+
+@pytest.mark.parametrize(("op", "attrs", "shapes", "rank"), _PREDICTED,
+                         ids=[f"{row[0]}-{i}" for i, row in enumerate(_PREDICTED)])
+def test_size_predictions_match_the_outputs(op, attrs, shapes, rank):
+    from onnxkiln import sizes
+
+    feeds = {f"x{k}": np.ones(s, F32) for k, s in enumerate(shapes)}
+    session = _sized_session(op, attrs, feeds, rank, np.float64 if op == "Cast" else F32)
+    (want,) = session.run(feeds)
+    (predict,) = sizes.predictors(session._plan.steps, session.graph()).values()
+    assert predict(tuple(feeds.values())) == want.nbytes
+
+
+def test_window_and_dft_predictions_cover_the_output_and_the_float64_work():
+    from onnxkiln import sizes
+
+    cases = [("HannWindow", {}, {"n": _i64(1000)}, 1, 1000 * 4),
+             ("DFT", {"onesided": 1}, {"x": np.ones((2, 100, 1), F32)}, 3, 2 * 51 * 2 * 4),
+             ("MelWeightMatrix", {}, {"b": _i64(8), "d": _i64(64), "r": _i64(16000),
+                                      "lo": np.array(0, F32), "hi": np.array(7000, F32)},
+              2, 33 * 8 * 4)]
+    for op, attrs, feeds, rank, out_bytes in cases:
+        session = _sized_session(op, attrs, feeds, rank)
+        (want,) = session.run(feeds)
+        assert want.nbytes == out_bytes
+        (predict,) = sizes.predictors(session._plan.steps, session.graph()).values()
+        assert out_bytes < predict(tuple(feeds.values())) <= 10 * out_bytes

@@ -28,6 +28,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.errors import KernelError, RunCancelledError, SessionError
+from onnxkiln.errors import KernelError, RunCancelledError, RunTimeoutError, SessionError
 from onnxkiln.memory import plan_donations
 from onnxkiln.plan import Plan, Step
 from onnxkiln.sizes import SIZED_OPS
@@ -44,6 +45,7 @@ from onnxkiln.trace import StepTracer, TraceContext, step_meta
 __all__ = [
     "CancelHook",
     "CompiledPlan",
+    "Deadline",
     "Guard",
     "HookPair",
     "cancel_scope",
@@ -96,7 +98,8 @@ class CompiledPlan:
         source, self._line_steps = _generate(plan, self.donations, guards)
         namespace: dict[str, Any] = {"_rc": sys.getrefcount, "_nd": np.ndarray, "_RC": _RC,
                                      "_MIN": MIN_DONATE_BYTES, "_sole": _sole_base,
-                                     "_OutErr": (ValueError, TypeError)}
+                                     "_OutErr": (ValueError, TypeError),
+                                     "_out_or_plain": _out_or_plain}
         for i, step in enumerate(plan.steps):
             namespace[f"k{i}"] = step.kernel
             if _inline_reshape(step) is not None:
@@ -187,6 +190,20 @@ class CompiledPlan:
 def inplace_default() -> bool:
     """In-place donation unless `ONNXKILN_INPLACE` is "0" (benchmarks compare both)."""
     return os.environ.get("ONNXKILN_INPLACE", "1").strip() != "0"
+
+
+COMPACT_STEPS = 2000
+"""Plans with more steps retry a refused ufunc `out=` through `_out_or_plain`, not a try
+block per step: compiling one function with tens of thousands of try blocks grows faster
+than linearly (a 100,000-node chain took minutes)."""
+
+
+def _out_or_plain(kernel: np.ufunc, out: np.ndarray, *args: Any) -> Any:
+    """kernel(*args, out=out), or kernel(*args) where the ufunc refuses that `out`."""
+    try:
+        return kernel(*args, out=out)
+    except (ValueError, TypeError):
+        return kernel(*args)
 
 
 MIN_DONATE_BYTES = 4096
@@ -286,7 +303,8 @@ def _generate(plan: Plan, donations: dict[int, tuple[int, int]] | None = None,
                 emit("else:")
                 _emit_call(lambda text, at=None: emit("    " + text, at), i, step, f"f{i}", args)
             elif i in donations:
-                _emit_donating(emit, i, step, args, donations[i][1])
+                _emit_donating(emit, i, step, args, donations[i][1],
+                               compact=len(plan.steps) > COMPACT_STEPS)
             else:
                 _emit_call(emit, i, step, f"k{i}", args)
             if hooked:
@@ -324,12 +342,16 @@ def _emit_call(emit: Callable[..., None], i: int, step: Step, kernel: str, args:
         emit(f"{kernel}({args})", i)
 
 
-def _emit_donating(emit: Callable[..., None], i: int, step: Step, args: str, slot: int) -> None:
+def _emit_donating(emit: Callable[..., None], i: int, step: Step, args: str, slot: int,
+                   compact: bool = False) -> None:
     """The call with the dying input v{slot} as `out=` when the runtime guard holds, else
-    the plain call; a bare ufunc (it raises instead of falling back) is retried without."""
+    the plain call; a bare ufunc (it raises instead of falling back) is retried without,
+    by a try block or, when `compact`, by `_out_or_plain`."""
     plain = f"v{step.outputs[0]} = k{i}({args})"
     emit(f"if {_guard(f'v{slot}')}:", i)
-    if isinstance(step.kernel, np.ufunc):
+    if isinstance(step.kernel, np.ufunc) and compact:
+        emit(f"    v{step.outputs[0]} = _out_or_plain(k{i}, v{slot}, {args})", i)
+    elif isinstance(step.kernel, np.ufunc):
         emit("    try:")
         emit(f"        v{step.outputs[0]} = k{i}({args}, out=v{slot})", i)
         emit("    except _OutErr:")
@@ -355,22 +377,49 @@ class CancelHook:
 
     def start(self, index: int) -> None:
         if self._event.is_set():
-            raise cancelled(self._graph, self._steps[index])
+            raise cancelled(self._graph, self._steps[index], self._event)
 
     def finish(self, token: Any, ins: tuple, outs: tuple) -> None:
         pass
 
 
-def cancelled(graph: str, step: Step | None = None) -> RunCancelledError:
-    """The error a cancelled run raises, naming where it stopped."""
+def cancelled(graph: str, step: Step | None = None, event: Any = None) -> RunCancelledError:
+    """The error a cancelled run raises, naming where it stopped (a `RunTimeoutError`
+    when `event` is a `Deadline` that passed its time)."""
     if step is None:
         where = f"before running {'graph' if graph == 'main' else 'subgraph'} '{graph}'"
-        return RunCancelledError(f"run cancelled {where}: the cancel event was set",
-                                 graph=graph)
-    where = (f"before node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type}, "
-             f"node id {step.node_id}) in graph '{graph}'")
-    return RunCancelledError(f"run cancelled {where}: the cancel event was set",
-                             node_name=step.name, op_type=step.op_type, graph=graph)
+        named: dict[str, str] = {"graph": graph}
+    else:
+        where = (f"before node '{step.name}' ({step.domain or 'ai.onnx'}::{step.op_type}, "
+                 f"node id {step.node_id}) in graph '{graph}'")
+        named = {"node_name": step.name, "op_type": step.op_type, "graph": graph}
+    if isinstance(event, Deadline) and event.expired():
+        elapsed = time.monotonic() - event.started
+        return RunTimeoutError(f"run timed out {where}: {elapsed:.3f} s elapsed, over the "
+                               f"timeout of {event.timeout:g} s", elapsed=elapsed,
+                               timeout=event.timeout, **named)
+    return RunCancelledError(f"run cancelled {where}: the cancel event was set", **named)
+
+
+class Deadline:
+    """A cancel event that is also set once `timeout` seconds have passed since it was
+    made (`run(..., timeout=...)`); `cancel`, when given, still sets it early."""
+
+    __slots__ = ("_cancel", "_end", "started", "timeout")
+
+    def __init__(self, timeout: float, cancel: Any = None) -> None:
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self._end = self.started + timeout
+        self._cancel = cancel
+
+    def expired(self) -> bool:
+        """Whether the time is up."""
+        return time.monotonic() >= self._end
+
+    def is_set(self) -> bool:
+        cancel = self._cancel
+        return (cancel is not None and cancel.is_set()) or time.monotonic() >= self._end
 
 
 @contextlib.contextmanager

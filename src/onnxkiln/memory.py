@@ -13,9 +13,16 @@ Accounting for `SessionBuilder.memory_limit` / `memory.track`:
 
 Counted: the run's inputs and every value a step produces, from its creation until its
 last use (outputs until the run returns). Not counted: weights and other constants
-(resident since load), kernel scratch space, values inside If/Loop/Scan bodies (their
-outputs count once the node returns). A view op's output (Reshape, Squeeze, ...) shares
-its input's bytes, which stay live until both are dead.
+(resident since load) and kernel scratch space, except where onnxkiln.sizes predicts it.
+A view op's output (Reshape, Squeeze, ...) shares its input's bytes, which stay live until
+both are dead; a sequence shares the tensors it got from an input sequence.
+
+If/Loop/Scan bodies are tracked too: a body run gets its own tracker over its plan whose
+`base` is what the enclosing run holds (its live values plus what the control-flow kernel
+accumulated: Loop and Scan outputs stacked so far), so a body node is refused as a
+top-level one is. Between iterations the kernel reports its accumulated outputs and
+carried values (`hold`), checked against the limit before the next iteration and before
+it stacks them. The tracker of the step running on this thread is `current_tracker()`.
 
 Two checks use the same lifetimes. At specialisation build, onnx shape inference with the
 run's concrete input shapes sizes every value it can, and a simulation raises
@@ -25,14 +32,17 @@ anything runs. Values whose size depends on data are checked as the kernel retur
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Hashable, Sequence
+import threading
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxkiln import onnx_guard
 from onnxkiln.errors import MemoryLimitError
 from onnxkiln.plan import Plan, Step
 from onnxkiln.skeleton import skeleton
@@ -42,22 +52,50 @@ __all__ = [
     "MemoryTracker",
     "PeakPlanner",
     "ShapeOracle",
+    "current_tracker",
     "inplace_positions",
     "plan_donations",
+    "set_tracker",
     "simulate",
+    "tracking",
     "value_bytes",
 ]
 
 _SMALL_BYTES = 16384  # initializers up to this size stay in the shape-inference copy
 
 
+_active = threading.local()  # .tracker: the MemoryTracker of the step running on this thread
+
+
 def value_bytes(value: Any) -> int:
-    """Bytes held by a runtime value: arrays, sequences of arrays, scalars."""
+    """Bytes held by a runtime value: arrays, sequences of arrays (each array once), scalars."""
     if isinstance(value, np.ndarray | np.generic):
         return int(value.nbytes)
     if isinstance(value, list | tuple):
-        return sum(value_bytes(v) for v in value)
+        return sum(value_bytes(v) for v in {id(v): v for v in value}.values())
     return 0
+
+
+def current_tracker() -> MemoryTracker | None:
+    """The tracker of the run in progress on this thread (None: no memory tracking)."""
+    return getattr(_active, "tracker", None)
+
+
+def set_tracker(tracker: MemoryTracker | None) -> MemoryTracker | None:
+    """Make `tracker` this thread's `current_tracker()`; returns the previous one."""
+    previous = getattr(_active, "tracker", None)
+    _active.tracker = tracker
+    return previous
+
+
+@contextlib.contextmanager
+def tracking(tracker: MemoryTracker | None) -> Iterator[None]:
+    """Make `tracker` this thread's `current_tracker()` for the block."""
+    previous = set_tracker(tracker)
+    try:
+        yield
+    finally:
+        set_tracker(previous)
 
 
 def inplace_positions(step: Step) -> tuple[int, ...]:
@@ -140,6 +178,7 @@ class _Ledger:
         self.owner: dict[int, int] = {}
         self.size: dict[int, int] = {}
         self.refs: dict[int, int] = {}
+        self.pins: dict[int, list[int]] = {}  # slot -> other storages it keeps alive
 
     def own(self, slot: int, nbytes: int) -> None:
         self.owner[slot] = slot
@@ -155,22 +194,32 @@ class _Ledger:
         self.refs[storage] += 1
         return True
 
+    def pin(self, slot: int, source: int) -> None:
+        """`slot` (a sequence) also holds the storage of `source` (tensors it shares)."""
+        storage = self.owner.get(source)
+        if storage is not None and slot in self.owner:
+            self.refs[storage] += 1
+            self.pins.setdefault(slot, []).append(storage)
+
     def release(self, slot: int) -> None:
         storage = self.owner.pop(slot, None)
         if storage is None:
             return
-        self.refs[storage] -= 1
-        if self.refs[storage] == 0:
-            del self.refs[storage]
-            self.live -= self.size.pop(storage)
+        for held in (storage, *self.pins.pop(slot, ())):
+            self.refs[held] -= 1
+            if self.refs[held] == 0:
+                del self.refs[held]
+                self.live -= self.size.pop(held)
 
 
-def _limit_error(step: Step, before: int, out_bytes: int, limit: int, when: str) -> Exception:
+def _limit_error(step: Step, before: int, out_bytes: int, limit: int, when: str,
+                 graph: str = "main", what: str = "outputs") -> Exception:
+    where = "" if graph == "main" else f" in subgraph '{graph}'"
     err = MemoryLimitError(
         f"memory limit exceeded at node '{step.name}' ({step.domain or 'ai.onnx'}::"
-        f"{step.op_type}, node id {step.node_id}): {before:,} bytes live plus {out_bytes:,} "
-        f"bytes of outputs = {before + out_bytes:,} > limit {limit:,} bytes ({when}). Raise "
-        "memory_limit(...) or run with smaller inputs."
+        f"{step.op_type}, node id {step.node_id}){where}: {before:,} bytes live plus "
+        f"{out_bytes:,} bytes of {what} = {before + out_bytes:,} > limit {limit:,} bytes "
+        f"({when}). Raise memory_limit(...) or run with smaller inputs."
     )
     err.node_name, err.op_type = step.name, step.op_type  # type: ignore[attr-defined]
     err.live_bytes, err.output_bytes, err.limit = before, out_bytes, limit  # type: ignore[attr-defined]
@@ -220,19 +269,33 @@ def _produce(ledger: _Ledger, mplan: MemoryPlan, i: int, nbytes: Sequence[int],
 
 
 class MemoryTracker:
-    """Executor hooks for one run: observed live bytes, checked as each kernel returns."""
+    """Executor hooks for one run of a plan: observed live bytes, checked against the limit
+    before each sized step (onnxkiln.sizes) and as each kernel returns.
 
-    __slots__ = ("_ledger", "_limit", "_mplan", "_predictors", "reuses", "sizes")
+    `base`: bytes held outside this plan (a body's enclosing run). `counted`: how many of
+    the leading input slots hold values of this run (a body's captured outer values are
+    the enclosing run's, counted there).
+    """
+
+    __slots__ = ("_base", "_graph", "_index", "_inner_peak", "_ledger", "_limit", "_mplan",
+                 "_predictors", "held", "reuses", "sizes")
 
     def __init__(self, mplan: MemoryPlan, limit: int | float, inputs: Sequence[Any],
-                 predictors: dict[int, Any] | None = None) -> None:
+                 predictors: dict[int, Any] | None = None, base: int = 0,
+                 counted: int | None = None, graph: str = "main") -> None:
         self._mplan = mplan
         self._limit = limit
         self._predictors = predictors or {}
+        self._base = base
+        self._graph = graph
+        self._index = -1
+        self._inner_peak = 0
+        self.held = 0  # bytes the running control-flow kernel holds outside any ledger
         self._ledger = _Ledger()
         self.reuses = 0  # steps whose output was written into their donated input
         self.sizes: dict[int, int] = {}  # bytes of each value produced, by slot
-        by_slot = dict(zip(mplan.plan.input_slots, inputs))
+        slots = mplan.plan.input_slots
+        by_slot = dict(zip(slots if counted is None else slots[:counted], inputs))
         for s in mplan.inputs:
             self._ledger.own(s, value_bytes(by_slot.get(s)))
         self._ledger.peak = self._ledger.live
@@ -241,8 +304,21 @@ class MemoryTracker:
 
     @property
     def peak(self) -> int:
-        """The largest number of live bytes seen so far."""
-        return self._ledger.peak
+        """The largest number of live bytes seen so far, bodies' included."""
+        return max(self._base + self._ledger.peak, self._inner_peak)
+
+    @property
+    def limit(self) -> int | float:
+        return self._limit
+
+    def outside(self) -> int:
+        """Bytes a body run started now finds held outside it."""
+        return self._base + self._ledger.live + self.held
+
+    def inner_peak(self, nbytes: int) -> None:
+        """A body run's peak (its base included)."""
+        if nbytes > self._inner_peak:
+            self._inner_peak = nbytes
 
     def sizing(self, index: int, ins: tuple) -> None:
         """Refuse a step whose outputs, sized from its input values (onnxkiln.sizes), would
@@ -254,33 +330,79 @@ class MemoryTracker:
             nbytes = predict(ins)
         except Exception:  # malformed inputs: the kernel itself reports them
             return
-        live = self._ledger.live
-        if nbytes is not None and live + nbytes > self._limit:
+        if nbytes is None:
+            return
+        donated = self._mplan.donated[index]
+        if donated is not None:  # assumed written into the dying input, as `simulate` does
+            x = ins[donated[0]]
+            if isinstance(x, np.ndarray) and x.nbytes == nbytes:
+                return
+        live = self._base + self._ledger.live
+        if live + nbytes > self._limit:
             raise _limit_error(self._mplan.plan.steps[index], live, nbytes, self._limit,
-                               "predicted from its input values before running")
+                               "predicted from its input values before running", self._graph)
 
     def start(self, index: int) -> int:
+        self._index = index
+        self.held = 0
         return index
+
+    def hold(self, kept: int, transient: int, what: str) -> None:
+        """A control-flow kernel of the running step keeps `kept` bytes (stacked outputs so
+        far) and is about to hold `transient` more (carried values, a stacked copy): refuse
+        now if that crosses the limit, else count `kept` as held."""
+        live = self._base + self._ledger.live
+        if live + kept + transient > self._limit:
+            step = self._mplan.plan.steps[self._index]
+            raise _limit_error(step, live, kept + transient, self._limit,
+                               "checked between iterations", self._graph, what)
+        self.held = kept
+        self.inner_peak(live + kept + transient)
 
     def finish(self, index: int, ins: tuple, outs: tuple) -> None:
         ledger = self._ledger
+        self.held = 0
         before = ledger.live
         donated = self._mplan.donated[index]
         reused = donated is not None and bool(outs) and outs[0] is ins[donated[0]]
         if reused:
             self.reuses += 1
-        nbytes = [value_bytes(v) for v in outs]
-        self.sizes.update(zip(self._mplan.outputs[index], nbytes))
+        nbytes = [v.nbytes if type(v) is np.ndarray else value_bytes(v) for v in outs]
+        shares = None
+        for k, v in enumerate(outs):  # a sequence's tensors taken from an input sequence
+            if type(v) is list:  # stay counted with that input (pinned below)
+                shares = shares or {}
+                shares[k], common = _shared_sequences(v, ins)
+                nbytes[k] -= common
+        slots = self._mplan.outputs[index]
+        self.sizes.update(zip(slots, nbytes))
         _produce(ledger, self._mplan, index, nbytes, reused)
-        if ledger.live > self._limit:
-            step = self._mplan.plan.steps[index]
-            raise _limit_error(step, before, ledger.live - before, self._limit,
+        step = self._mplan.plan.steps[index]
+        for k, shared in (shares or {}).items():
+            for j in shared:
+                ledger.pin(slots[k], step.inputs[j])
+        if self._base + ledger.live > self._limit:
+            raise _limit_error(step, self._base + before, ledger.live - before, self._limit,
                                "observed after the kernel returned: its output size "
-                               "could not be inferred before running")
+                               "could not be predicted before running", self._graph)
         if ledger.live > ledger.peak:
             ledger.peak = ledger.live
         for s in self._mplan.dead_after[index]:
             ledger.release(s)
+
+
+def _shared_sequences(out: list, ins: tuple) -> tuple[tuple[int, ...], int]:
+    """Positions of the input sequences sharing tensors with the sequence `out`, and the
+    bytes of the tensors shared."""
+    ids = {id(t): t for t in out}
+    positions, common = [], {}
+    for j, v in enumerate(ins):
+        if type(v) is list and v is not out:
+            shared = [t for t in v if id(t) in ids]
+            if shared:
+                positions.append(j)
+                common.update((id(t), t) for t in shared)
+    return tuple(positions), value_bytes(list(common.values()))
 
 
 class PeakPlanner:
@@ -337,7 +459,7 @@ class ShapeOracle:
         self._plan = plan
         self._proto: onnx.ModelProto | None = skeleton(model, _SMALL_BYTES)
         try:  # onnx's C++ shape inference can crash the process on a malformed node (a
-            onnx.checker.check_model(self._proto)  # missing required input); the checker
+            onnx_guard.check_model(self._proto)  # missing required input); the checker
         except Exception:  # refuses those, and then only the run-time checks apply
             self._proto = None
 
@@ -357,7 +479,7 @@ class ShapeOracle:
                 for d in shape:
                     dims.dim.add().dim_value = d
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+            inferred = onnx_guard.infer_shapes(proto, data_prop=True)
         except Exception:  # inference is advisory; runtime checks still apply
             inferred = proto
         known = {vi.name: _bytes_of(vi) for vi in (*inferred.graph.value_info,

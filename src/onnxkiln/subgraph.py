@@ -1,6 +1,10 @@
 """Compiled If/Loop/Scan bodies: the body plan, its captured outer values, its counters,
 and per-signature specialised plans (onnxkiln.specialize) as for the main graph: a Loop
-body run with the same input shapes a second time gets its own specialised plan."""
+body run with the same input shapes a second time gets its own specialised plan.
+
+A body runs hooked when the run in progress on its thread is traced, cancellable (a cancel
+event or a timeout) or memory-tracked; memory tracking gives it its own MemoryTracker on
+top of the enclosing one (onnxkiln.memory), on the generic plan."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln import sizes
 from onnxkiln.dtypes import DataType
-from onnxkiln.executor import CancelHook, CompiledPlan, HookPair, cancelled, current_cancel
+from onnxkiln.executor import CancelHook, CompiledPlan, cancelled, combine_hooks, current_cancel
+from onnxkiln.memory import MemoryPlan, MemoryTracker, current_tracker, set_tracker
 from onnxkiln.specialize import PlanSpecializer, Specialization
 from onnxkiln.trace import active_context
 
@@ -36,6 +42,8 @@ class SubgraphRunner:
         self.output_dtypes = tuple(_declared_dtype(v) for v in graph.outputs)
         self.output_shapes = tuple(_declared_shape(v) for v in graph.outputs)
         self.output_may_alias = tuple(compiled.plan.output_may_alias)
+        self._graph = graph
+        self._memory: tuple[MemoryPlan, dict[int, Any]] | None = None  # on first tracked run
 
     def __call__(self, inputs: Sequence[Any], captured: Sequence[Any]) -> list[Any]:
         """Run the body on its formal inputs plus the captured outer values."""
@@ -52,16 +60,37 @@ class SubgraphRunner:
         self._stats.runs += 1
         ctx = active_context()
         cancel = current_cancel()
-        if cancel is None:
+        outer = current_tracker()
+        if cancel is None and outer is None:
             if ctx is None:
                 return self._run(values, signature)
             return self._compiled.traced(values, ctx, self.label)
-        if cancel.is_set():  # checked per body run: a Loop with an empty body still stops
-            raise cancelled(self.label)
-        hooks = CancelHook(cancel, self._compiled.plan, self.label)
-        if ctx is not None:
-            hooks = HookPair(hooks, self._compiled.tracer(ctx, self.label))
-        return self._compiled.hooked(values, hooks)
+        stop = None
+        if cancel is not None:
+            if cancel.is_set():  # checked per body run: a Loop with an empty body still stops
+                raise cancelled(self.label, event=cancel)
+            stop = CancelHook(cancel, self._compiled.plan, self.label)
+        tracer = None if ctx is None else self._compiled.tracer(ctx, self.label)
+        if outer is None:
+            return self._compiled.hooked(values, combine_hooks(stop, tracer))
+        tracker = self._tracker(outer, values, len(inputs))
+        previous = set_tracker(tracker)
+        try:
+            outputs = self._compiled.hooked(values, combine_hooks(stop, tracer, tracker))
+        finally:
+            set_tracker(previous)
+        outer.inner_peak(tracker.peak)
+        return outputs
+
+    def _tracker(self, outer: MemoryTracker, values: list[Any], counted: int) -> MemoryTracker:
+        """A tracker for one body run on top of what the enclosing run holds."""
+        if self._memory is None:
+            plan = self._compiled.plan
+            self._memory = (MemoryPlan(plan, self._compiled.donations),
+                            sizes.predictors(plan.steps, self._graph))
+        mplan, predictors = self._memory
+        return MemoryTracker(mplan, outer.limit, values, predictors, base=outer.outside(),
+                             counted=counted, graph=self.label)
 
 
     def _run(self, values: list[Any], signature: tuple) -> list[Any]:

@@ -7,7 +7,9 @@
 `run_with_ort_values`, `get_inputs()` / `get_outputs()` (NodeArg: name, type string such
 as "tensor(float)", shape with symbolic names or None), `get_overridable_initializers`,
 `get_modelmeta`, `get_providers`, `get_provider_options`, `SessionOptions`,
-`RunOptions` (including `terminate`), `GraphOptimizationLevel`, `io_binding()` and
+`RunOptions` (including `terminate`, and a run timeout onnxruntime lacks: the config
+entry `run_options.add_run_config_entry("kiln.run.timeout_s", "2.5")` stops a run past
+2.5 s with `onnxkiln.RunTimeoutError`), `GraphOptimizationLevel`, `io_binding()` and
 `OrtValue`, plus the module functions below.
 
 Provider names map as CPUExecutionProvider -> "cpu" and CUDAExecutionProvider ->

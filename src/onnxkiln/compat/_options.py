@@ -6,6 +6,7 @@ import contextlib
 import copy
 import enum
 import logging
+import math
 import threading
 from collections.abc import Iterator
 
@@ -173,6 +174,9 @@ class _TerminateFlag:
         return self._event.is_set()
 
 
+TIMEOUT_KEY = "kiln.run.timeout_s"  # onnxkiln's run timeout, a RunOptions config entry
+
+
 class RunOptions:
     """Per-run options. `terminate = True`, set before the run or from another thread
     during it, stops the run at the next node with `onnxkiln.RunCancelledError` (a run
@@ -180,11 +184,15 @@ class RunOptions:
     False to run again. `log_severity_level` 3 or 4 silences onnxkiln's warnings during
     the run; `logid` tags compat's debug log lines. Runs always prune to the requested
     outputs, as if `only_execute_path_to_fetches` were set (see `InferenceSession.run`).
+    onnxruntime has no run timeout; the run config entry `kiln.run.timeout_s` (seconds, a
+    decimal string) is onnxkiln's: the run stops with `onnxkiln.RunTimeoutError` (a
+    RunCancelledError) at the first node or Loop/Scan iteration past it.
 
     Example:
         >>> ro = RunOptions()
         >>> threading.Timer(2.0, lambda: setattr(ro, "terminate", True)).start()
         >>> sess.run(None, feeds, ro)   # raises RunCancelledError if still running at 2 s
+        >>> ro.add_run_config_entry("kiln.run.timeout_s", "2.5")  # the same without a timer
     """
 
     __slots__ = ("_config", "_flag", "log_severity_level", "log_verbosity_level", "logid",
@@ -212,7 +220,7 @@ class RunOptions:
             self._flag._event.clear()
 
     def add_run_config_entry(self, key: str, value: str) -> None:
-        """Set a string run config entry (kept; onnxkiln reads none yet)."""
+        """Set a string run config entry (kept; onnxkiln reads `kiln.run.timeout_s`)."""
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidOptionError(
                 f"add_run_config_entry takes two strings, got {key!r}, {value!r}")
@@ -223,6 +231,20 @@ class RunOptions:
         if key not in self._config:
             raise UnknownOptionError(f"RunOptions does not have configuration with key: {key}")
         return self._config[key]
+
+    def timeout_s(self) -> float | None:
+        """The `kiln.run.timeout_s` entry in seconds (None: not set)."""
+        text = self._config.get(TIMEOUT_KEY)
+        if text is None:
+            return None
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise InvalidOptionError(
+                f"run config entry {TIMEOUT_KEY} takes a number of seconds > 0, got {text!r}")
+        return seconds
 
 
 def copy_options(options: SessionOptions | None) -> SessionOptions:

@@ -308,7 +308,7 @@ class InferenceSession:
     def _execute(self, names: list[str], feed: dict[str, Any],
                  run_options: RunOptions | None) -> list[Any]:
         session, index = self._session_for(names)
-        cancel = None
+        cancel = timeout = None
         severity = self._severity
         if run_options is not None:
             if not isinstance(run_options, RunOptions):
@@ -320,11 +320,12 @@ class InferenceSession:
                     "Exiting due to terminate flag being set to true (RunOptions.terminate); "
                     "set it back to False to run again")
             cancel = run_options._flag
+            timeout = run_options.timeout_s()
             severity = effective_severity(run_options.log_severity_level, severity)
             if run_options.logid:
                 logger.debug("run '%s': outputs %s", run_options.logid, names)
         with log_threshold(severity):
-            results = session.run_outputs(feed, cancel=cancel)
+            results = session.run_outputs(feed, cancel=cancel, timeout=timeout)
         return [results[index[n]].value for n in names]
 
     def _session_for(self, names: list[str]) -> tuple[_Session, dict[str, int]]:

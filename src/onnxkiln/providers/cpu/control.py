@@ -3,6 +3,8 @@
 Bodies run through `info.subgraphs[name](inputs, captured)`. Values that a body hands
 back unchanged (a body input, an outer capture or a constant, directly or through a view)
 are copied once when they leave the node, so no output shares memory with an input.
+Under a memory limit, Loop and Scan report what they hold after each iteration (the scan
+outputs so far and the carried values) and before stacking (onnxkiln.memory).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.dtypes import DataType
+from onnxkiln.memory import MemoryTracker, current_tracker, value_bytes
 from onnxkiln.providers.base import NodeInfo, Subgraph
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -130,6 +133,31 @@ def _stack(items: list[Any], axis: int, what: str) -> np.ndarray:
         ) from None
 
 
+class _Held:
+    """What a Loop or Scan holds between iterations, reported to the memory tracker."""
+
+    __slots__ = ("_op", "_tracker", "stacked")
+
+    def __init__(self, tracker: MemoryTracker, op: str) -> None:
+        self._tracker = tracker
+        self._op = op
+        self.stacked = 0  # bytes of the scan outputs collected so far
+
+    def iteration(self, i: int, new: Sequence[Any], carried: Sequence[Any]) -> None:
+        self.stacked += sum(value_bytes(v) for v in new)
+        self._tracker.hold(self.stacked, value_bytes(list(carried)),
+                           f"{self._op} scan outputs and carried values after iteration {i}")
+
+    def stacking(self, carried: Sequence[Any]) -> None:
+        self._tracker.hold(self.stacked, self.stacked + value_bytes(list(carried)),
+                           f"{self._op} scan outputs, their stacked copy and carried values")
+
+
+def _held(op: str) -> _Held | None:
+    tracker = current_tracker()
+    return None if tracker is None else _Held(tracker, op)
+
+
 def _node_dtype(info: NodeInfo, index: int) -> DataType | None:
     dtypes = info.output_dtypes
     return dtypes[index] if index < len(dtypes) else None
@@ -213,6 +241,7 @@ def loop(info: NodeInfo):
         scans: list[list[Any]] = [[] for _ in wanted]
         i = 0
         limit = _UNBOUNDED if trips is None else trips
+        held = _held("Loop")
         while going and i < limit:
             outs = body((np.array(i, dtype=np.int64), cond_in, *carried), captured)
             cond_in = outs[0]
@@ -220,7 +249,11 @@ def loop(info: NodeInfo):
             carried = outs[1:1 + n_carried]
             for lst, k in zip(scans, wanted_at):
                 lst.append(outs[k])
+            if held is not None:
+                held.iteration(i, [outs[k] for k in wanted_at], carried)
             i += 1
+        if held is not None and scans:
+            held.stacking(carried)
         finals = [own(v) if (i == 0 or a) else v for v, a in zip(carried, aliased)]
         finals.extend([None] * n_scan)
         for j, lst in zip(wanted, scans):
@@ -297,11 +330,16 @@ def scan(info: NodeInfo):
             xm = np.moveaxis(x, a, 0) if a else x
             slices.append(xm[::-1] if rev else xm)
         collected: list[list[Any]] = [[] for _ in range(n_scan_out)]
+        held = _held("Scan")
         for t in range(length):
             outs = body((*states, *(xm[t] for xm in slices)), captured)
             states = outs[:n_state]
             for j, lst in enumerate(collected):
                 lst.append(outs[n_state + j])
+            if held is not None:
+                held.iteration(t, outs[n_state:], states)
+        if held is not None and collected:
+            held.stacking(states)
         results = [own(v) if (length <= 0 or a) else v for v, a in zip(states, aliased)]
         for j, lst in enumerate(collected):
             if not lst:
@@ -364,6 +402,7 @@ def scan8(info: NodeInfo):
                                  f"[0, {max_len}], got {lens}")
         finals: list[list[Any]] = [[] for _ in range(n_state)]
         per_batch: list[list[list[Any]]] = [[] for _ in range(n_scan_out)]
+        held = _held("Scan")
         for b in range(batch):
             states = [s[b] for s in states0]
             n = lens[b]
@@ -374,10 +413,14 @@ def scan8(info: NodeInfo):
                 states = outs[:n_state]
                 for j, lst in enumerate(collected):
                     lst.append(outs[n_state + j])
+                if held is not None:
+                    held.iteration(t, outs[n_state:], [*states, *(f for fs in finals for f in fs)])
             for j, v in enumerate(states):
                 finals[j].append(v)
             for j, lst in enumerate(collected):
                 per_batch[j].append(lst)
+        if held is not None and per_batch:
+            held.stacking([f for fs in finals for f in fs])
         results: list[Any] = [
             _stack(f, 0, f"Scan-8 state {j}") if f else own(states0[j])
             for j, f in enumerate(finals)
