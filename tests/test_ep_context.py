@@ -290,16 +290,29 @@ def _context_model(tmp_path, cache, embed=0, main=1):
 def test_blob_paths_may_not_leave_the_model_folder(tmp_path, cache):
     (tmp_path / "secret.bin").write_bytes(b'{"name": "toy_a"}')
     folder = _context_model(tmp_path, cache)
-    with pytest.raises(EpContextError, match="must be relative to the model's folder"):
+    with pytest.raises(EpContextError, match="escapes the model folder"):
         ep_context_load.load_with_contexts(loader.load_path(folder / "m.onnx"), folder,
                                       [ToyProvider()])
+
+
+@pytest.mark.parametrize(("cache", "message"), [
+    ("blob\0.bin", "NUL byte"), ("x" * 300, "longer than a file path"),
+    ("fifo", "not a regular file"), ("gone.bin", "is missing")])
+def test_odd_blob_names_are_refused_clearly_never_read(tmp_path, cache, message):
+    """A NUL byte or an over-long name (OSError/ValueError inside pathlib), a FIFO (whose
+    read would block forever), a missing file: each its own EpContextError."""
+    folder = _context_model(tmp_path, cache)
+    os.mkfifo(folder / "fifo")
+    with pytest.raises(EpContextError, match=message):
+        ep_context_load.load_with_contexts(loader.load_path(folder / "m.onnx"), folder,
+                                           [ToyProvider()])
 
 
 def test_blob_symlink_out_of_the_model_folder_is_refused(tmp_path):
     (tmp_path / "secret.bin").write_bytes(b'{"name": "toy_a"}')
     folder = _context_model(tmp_path, "blob.bin")
     (folder / "blob.bin").symlink_to(tmp_path / "secret.bin")
-    with pytest.raises(EpContextError, match="leads outside the model's folder"):
+    with pytest.raises(EpContextError, match="outside the model folder"):
         ep_context_load.load_with_contexts(loader.load_path(folder / "m.onnx"), folder,
                                       [ToyProvider()])
     (folder / "blob.bin").unlink()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,6 +15,19 @@ from onnx import helper, numpy_helper
 
 from onnxkiln import InferenceSession, ModelLoadError, UnsupportedOpError, loader
 from onnxkiln.testing import make_model, tensor_info
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "hostile"))
+import escapes  # the hostile suite's models of external data escaping
+
+_OPENED: list[str] | None = None  # the paths opened while a test watches, else None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str | bytes | Path):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_record_opens)  # hooks stay for the process: it records only when asked
 
 
 def _affine_model() -> onnx.ModelProto:
@@ -234,6 +249,77 @@ def test_model_local_function_is_inlined():
     np.testing.assert_array_equal(y, [6, -8])
 
 
+def _doubling_functions(levels: int, main_calls: int = 1) -> onnx.ModelProto:
+    """f0 is a Neg; f_i calls f_(i-1) twice; the graph calls f_levels `main_calls` times."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    fns = [helper.make_function("local", "f0", ["x"], ["y"],
+                                [helper.make_node("Neg", ["x"], ["y"])], opsets)]
+    fns.extend(helper.make_function("local", f"f{i}", ["x"], ["y"], [
+        helper.make_node(f"f{i - 1}", ["x"], ["t"], domain="local"),
+        helper.make_node(f"f{i - 1}", ["t"], ["y"], domain="local")], opsets)
+        for i in range(1, levels + 1))
+    names = ["x", *(f"t{j}" for j in range(main_calls - 1)), "y"]
+    nodes = [helper.make_node(f"f{levels}", [names[j]], [names[j + 1]], domain="local")
+             for j in range(main_calls)]
+    g = helper.make_graph(nodes, "g", [tensor_info("x", np.float32, [2])],
+                          [tensor_info("y", np.float32, [2])])
+    return helper.make_model(g, functions=fns, opset_imports=opsets)
+
+
+def test_inlined_size_is_counted_per_function_once():
+    from onnxkiln.inlining import inlined_size
+
+    total, sizes = inlined_size(_doubling_functions(40, main_calls=3))
+    assert total == 3 * 2 ** 40
+    assert sizes[("local", "f40", "")] == 2 ** 40 and sizes[("local", "f0", "")] == 1
+
+
+def test_inlining_names_values_as_onnx_ir_does():
+    """inline_functions only makes the unique-name search linear: the names are the same."""
+    from onnx_ir.passes.common import InlinePass
+
+    from onnxkiln.inlining import inline_functions
+
+    def names(model: ir.Model) -> list[tuple[str, list[str]]]:
+        return [(n.name, [v.name for v in n.outputs]) for n in model.graph]
+
+    proto = _doubling_functions(5, main_calls=3)
+    ours, theirs = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
+    inline_functions(ours)
+    InlinePass()(theirs)
+    assert names(ours) == names(theirs) and len(names(ours)) == 3 * 32
+
+
+def test_an_inlining_bomb_is_refused_before_inlining():
+    with pytest.raises(ModelLoadError, match=r"would make 1073741824 nodes.*'local::f30'"):
+        InferenceSession.from_graph(_doubling_functions(30))
+
+
+def test_the_inlining_bound_is_a_session_option():
+    model = _doubling_functions(6)  # 64 Negs
+    builder = InferenceSession.builder().option("load.max_inlined_nodes", "63")
+    with pytest.raises(ModelLoadError, match="64 nodes, over the bound of 63"):
+        builder.from_graph(model)
+    session = InferenceSession.builder().option("load.max_inlined_nodes", "64").from_graph(model)
+    y = session.run({"x": np.array([1, -2], np.float32)})[0]
+    np.testing.assert_array_equal(y, [1, -2])  # an even number of negations
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1e6", "lots", "\u0663"])
+def test_the_inlining_bound_must_be_a_whole_number(value):
+    from onnxkiln import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="load.max_inlined_nodes"):
+        InferenceSession.builder().option("load.max_inlined_nodes", value)
+
+
+def test_recursive_functions_are_named_in_the_error():
+    model = _doubling_functions(3)
+    model.functions[1].node[1].op_type = "f3"  # f1 -> f3 -> f2 -> f1
+    with pytest.raises(ModelLoadError, match=r"'local::f3' calls itself \(f3 -> f2 -> f1 -> f3\)"):
+        InferenceSession.from_graph(model)
+
+
 def test_domain_without_opset_import_is_a_load_error():
     g = helper.make_graph(
         [helper.make_node("Foo", ["x"], ["y"], domain="custom.domain", name="foo")],
@@ -273,3 +359,221 @@ def test_unsupported_ops_are_all_listed_at_load():
     assert "'fancy1' my.ops::FancyOp opset 3" in text
     assert "'other2' my.ops::OtherOp opset 3" in text
     assert "float32[2]" in text and "cpu" in text
+
+
+
+def _assert_refused_unread(load, tmp_path):
+    """`load()` raises ModelLoadError naming the folder, and never opens the secret."""
+    global _OPENED
+    secret = str(tmp_path / "secret.bin")
+    _OPENED = []
+    try:
+        with pytest.raises(ModelLoadError, match="outside the model folder|escapes the model "
+                           "folder") as info:
+            load()
+        opened = _OPENED
+    finally:
+        _OPENED = None
+    assert not [p for p in opened if os.path.realpath(p) == secret], opened
+    assert "1234.5" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["up", "absolute", "symlink"])
+@pytest.mark.parametrize("kind", escapes.KINDS)
+def test_external_data_anywhere_outside_the_folder_is_refused_unread(tmp_path, kind, where):
+    folder, locations = escapes.write_secret(tmp_path)
+    location = locations[["up", "absolute", "symlink"].index(where)]
+    path = folder / "m.onnx"
+    onnx.save(escapes.escape_model(kind, location), path)
+    _assert_refused_unread(lambda: InferenceSession.load(path), tmp_path)
+
+
+def test_every_load_path_refuses_the_escape(tmp_path):
+    import onnxkiln.compat as ort
+
+    folder, locations = escapes.write_secret(tmp_path)
+    model = escapes.escape_model("function_default", locations[0])
+    path = folder / "m.onnx"
+    onnx.save(model, path)
+    data = path.read_bytes()
+    _assert_refused_unread(lambda: InferenceSession.load_bytes(data, str(folder)), tmp_path)
+    _assert_refused_unread(lambda: ort.InferenceSession(str(path)), tmp_path)
+    for load in (lambda: InferenceSession.from_graph(model),
+                 lambda: InferenceSession.from_graph(ir.serde.deserialize_model(model)),
+                 lambda: ort.InferenceSession(data)):
+        with pytest.raises(ModelLoadError, match="no folder to read it from"):
+            load()
+
+
+@pytest.mark.parametrize("kind", escapes.KINDS)
+def test_external_data_inside_the_folder_is_read_from_it_wherever_the_cwd(
+        tmp_path, monkeypatch, kind):
+    """Function bodies and defaults used to resolve against the working directory."""
+    folder, _ = escapes.write_secret(tmp_path)
+    (folder / "good.bin").write_bytes(escapes.SECRET_BYTES)
+    onnx.save(escapes.escape_model(kind, "good.bin"), folder / "m.onnx")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    y = InferenceSession.load(folder / "m.onnx").run({})[0]
+    if kind == "node_attribute":
+        expected = np.full(4, escapes.SECRET_VALUES[0])
+    elif kind == "sparse_initializer_indices":
+        expected = np.ones(4, np.float32)
+    else:
+        expected = escapes.SECRET_VALUES
+    np.testing.assert_array_equal(y.reshape(-1), expected)
+
+
+def _one_initializer(tensor: onnx.TensorProto) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", tensor.data_type, None)],
+                              [tensor])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)],
+                             ir_version=10)
+
+
+def _tensor(dtype=onnx.TensorProto.FLOAT, dims=(4,), **fields) -> onnx.TensorProto:
+    t = onnx.TensorProto(name="w", data_type=dtype, dims=list(dims))
+    for key, value in fields.items():
+        if key == "raw_data":
+            t.raw_data = value
+        else:
+            getattr(t, key).extend(value)
+    return t
+
+
+@pytest.mark.parametrize("tensor, match", [
+    (_tensor(raw_data=b"\0" * 12), r"12 bytes of raw data, but dims \[4\] of FLOAT need 16"),
+    (_tensor(raw_data=b"\0" * 20), r"20 bytes of raw data, but dims \[4\] of FLOAT need 16"),
+    (_tensor(onnx.TensorProto.INT4, (1 << 16, 1 << 16), raw_data=b"\0" * 4),
+     r"4 bytes of raw data, but dims \[65536, 65536\] of INT4 need 2147483648"),
+    (_tensor(onnx.TensorProto.UINT4, (5,), raw_data=b"\0" * 2), "need 3"),
+    (_tensor(float_data=[1, 2, 3]), r"holds 3 values in float_data, but dims \[4\]"),
+    (_tensor(onnx.TensorProto.COMPLEX64, float_data=[1] * 4), "holds 4 values .* need 8"),
+    (_tensor(onnx.TensorProto.INT4, (5,), int32_data=[1, 2]), "holds 2 values .* need 3"),
+    (_tensor(onnx.TensorProto.STRING, (3,), string_data=[b"a"]), "holds 1 values in string"),
+    (_tensor(onnx.TensorProto.INT64, int32_data=[1] * 4), "int32_data, which cannot hold INT64"),
+    (_tensor(), r"declares 4 elements \(dims \[4\]\) but holds no data"),
+    (_tensor(dims=(1 << 20, 1 << 20)), "declares 1099511627776 elements"),
+    (_tensor(onnx.TensorProto.STRING, (1,), raw_data=b"ab"), "strings go in string_data"),
+    (_tensor(dims=(-1, 4)), "negative dims"),
+    (_tensor(1000), "unknown data type 1000"),
+    (_tensor(onnx.TensorProto.UNDEFINED, (0,)), "no data type"),
+])
+def test_embedded_data_must_hold_what_the_dims_declare(tensor, match):
+    with pytest.raises(ModelLoadError, match=f"initializer 'w' of graph 'g' .*{match}"):
+        InferenceSession.from_graph(_one_initializer(tensor))
+
+
+def _external_tensor(location="w.bin", dims=(4,), **info) -> onnx.TensorProto:
+    t = _tensor(dims=dims)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in {"location": location, **info}.items():
+        t.external_data.add(key=key, value=str(value))
+    return t
+
+
+@pytest.mark.parametrize("tensor, match", [
+    (_external_tensor(length=8), "with length 8, but dims .4. of FLOAT take 16 bytes"),
+    (_external_tensor(length=32), "with length 32, but dims .4. of FLOAT take 16 bytes"),
+    (_external_tensor(dims=(1 << 16, 1 << 16)), "needs bytes up to 17179869184 but the file "
+                                                "has 64"),
+    (_external_tensor(offset=56), "needs bytes up to 72 but the file has 64"),
+    (_external_tensor(offset="abc"), "offset 'abc', which is not a byte count"),
+    (_external_tensor(length="-16"), "length '-16', which is not a byte count"),
+    (_external_tensor("w\0.bin"), "contains a NUL byte"),
+    (_external_tensor("a" * 10_000), r"longer than a file path can be \(10000 characters\)"),
+    (_external_tensor("a" * 300 + "/w.bin"), "longer than a file path can be"),
+    (_external_tensor("."), "is not a regular file"),
+    (_external_tensor(""), "has external data but no location"),
+    (_external_tensor("loop.bin"), "cannot be resolved|missing"),
+    (_external_tensor("w.bin/x"), r"cannot be read \(Not a directory\)"),
+])
+def test_external_data_is_checked_against_its_file_before_mapping(tmp_path, tensor, match):
+    (tmp_path / "w.bin").write_bytes(bytes(range(64)))
+    (tmp_path / "loop.bin").symlink_to(tmp_path / "loop.bin")
+    onnx.save(_one_initializer(tensor), tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match=match):
+        InferenceSession.load(tmp_path / "m.onnx")
+
+
+def test_external_data_keys_given_twice_are_refused(tmp_path):
+    """Readers differ on which `location` wins: one checked, another read."""
+    (tmp_path / "w.bin").write_bytes(b"\0" * 64)
+    t = _external_tensor()
+    t.external_data.add(key="location", value="../secret.bin")
+    onnx.save(_one_initializer(t), tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match=r"key\(s\) \['location'\] given more than once"):
+        InferenceSession.load(tmp_path / "m.onnx")
+
+
+def test_external_strings_and_fifos_are_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.bin")  # opening it to map would block forever
+    onnx.save(_one_initializer(_external_tensor("fifo.bin")), tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match="not a regular file"):
+        InferenceSession.load(tmp_path / "m.onnx")
+    t = _external_tensor()
+    t.data_type = onnx.TensorProto.STRING
+    (tmp_path / "w.bin").write_bytes(b"\0" * 64)
+    onnx.save(_one_initializer(t), tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match="strings cannot be stored as external data"):
+        InferenceSession.load(tmp_path / "m.onnx")
+
+
+def _sparse(dims, indices, index_shape, values=(1.5, -2.0, 7.0)):
+    v = helper.make_tensor("c", onnx.TensorProto.FLOAT, [len(values)], list(values))
+    i = helper.make_tensor("i", onnx.TensorProto.INT64, index_shape, indices)
+    return helper.make_sparse_tensor(v, i, dims)
+
+
+def _sparse_model(sparse, as_initializer=False, op="Constant") -> onnx.ModelProto:
+    nodes = [helper.make_node("Identity", ["c"], ["y"])]
+    if not as_initializer:
+        nodes.insert(0, helper.make_node(op, [], ["c"], sparse_value=sparse))
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(
+        "y", onnx.TensorProto.FLOAT, None)], sparse_initializer=[sparse] * as_initializer)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("as_initializer", [False, True])
+@pytest.mark.parametrize("dims, indices, shape", [
+    ([2, 3], [0, 4, 5], [3]), ([2, 3], [0, 0, 1, 1, 1, 2], [3, 2]), ([6], [0, 4, 5], [3, 1])])
+def test_sparse_tensors_are_made_dense(dims, indices, shape, as_initializer):
+    model = _sparse_model(_sparse(dims, indices, shape), as_initializer)
+    y = InferenceSession.from_graph(model).run({})[0]
+    np.testing.assert_array_equal(y, np.array([1.5, 0, 0, 0, -2, 7], np.float32).reshape(dims))
+
+
+@pytest.mark.parametrize("sparse, match", [
+    (_sparse([2, 3], [0, 4, 6], [3]), "index outside its 6 elements"),
+    (_sparse([2, 3], [0, 0, 1, 1, 2, 0], [3, 2]), r"index outside its dims \[2, 3\]"),
+    (_sparse([2, 3], [0, 1], [2]), r"indices of shape \[2\] for 3 values"),
+    (_sparse([1 << 20, 1 << 20], [0, 1, 2], [3]), "would be 4398046511104 bytes dense"),
+    (_sparse([-6], [0, 1, 2], [3]), r"negative dims \[-6\]"),
+])
+def test_bad_sparse_tensors_are_refused(sparse, match):
+    with pytest.raises(ModelLoadError, match=match):
+        InferenceSession.from_graph(_sparse_model(sparse))
+
+
+def test_sparse_values_and_indices_of_the_wrong_form_are_refused():
+    sparse = _sparse([6], [0, 1, 2], [3])
+    sparse.indices.data_type = onnx.TensorProto.INT32
+    sparse.indices.ClearField("int64_data")
+    sparse.indices.int32_data.extend([0, 1, 2])
+    with pytest.raises(ModelLoadError, match="indices of type int32; they must be int64"):
+        InferenceSession.from_graph(_sparse_model(sparse))
+    sparse = _sparse([6], [0, 1, 2], [3])
+    sparse.ClearField("indices")
+    with pytest.raises(ModelLoadError, match=r"indices of shape \[0\] for 3 values"):
+        InferenceSession.from_graph(_sparse_model(sparse))
+    sparse = _sparse([6], [0, 1], [2], values=(1.0, 2.0))
+    sparse.values.dims[:] = [2, 1]
+    with pytest.raises(ModelLoadError, match=r"values of shape \[2, 1\]; they must be 1-D"):
+        InferenceSession.from_graph(_sparse_model(sparse))
+
+
+def test_sparse_attribute_outside_constant_is_refused():
+    with pytest.raises(ModelLoadError, match="only as Constant's sparse_value"):
+        InferenceSession.from_graph(_sparse_model(_sparse([3], [0, 1, 2], [3]), op="Foo"))

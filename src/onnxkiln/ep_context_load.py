@@ -16,7 +16,7 @@ import contextlib
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
@@ -31,6 +31,7 @@ from onnxkiln.ep_context import (
 )
 from onnxkiln.errors import EpContextError
 from onnxkiln.providers.base import HostProvider, KernelRegistry, NodeInfo
+from onnxkiln.tensor_data import OutsideFolderError, file_in_folder
 
 __all__ = [
     "CONTEXT_REGISTRY",
@@ -78,15 +79,12 @@ def _read_context_file(rel: str, model_dir: str | Path | None, what: str) -> byt
     if model_dir is None:
         raise EpContextError(f"{what}: its blob is in file '{rel}' (embed_mode=0), but the model "
                              "was not loaded from a file: load it from its path")
-    if (not rel or PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).is_absolute()
-            or PureWindowsPath(rel).drive or ".." in PurePosixPath(rel.replace("\\", "/")).parts):
-        raise EpContextError(f"{what}: blob path '{rel}' must be relative to the model's folder "
-                             "and stay inside it (no absolute paths or '..')")
-    base = Path(model_dir).resolve()
-    target = (base / rel).resolve()
-    if not target.is_relative_to(base):
-        raise EpContextError(f"{what}: blob path '{rel}' leads outside the model's folder "
-                             f"(to '{target}', through a symlink)")
+    if not rel:
+        raise EpContextError(f"{what}: its blob file name is empty")
+    try:
+        target, _ = file_in_folder(rel, Path(model_dir))
+    except OutsideFolderError as e:
+        raise EpContextError(f"{what}: blob file {rel[:200]!r}{e}") from None
     try:
         return target.read_bytes()
     except OSError as e:

@@ -2,9 +2,9 @@
 
 Checks made here, each failing with `ModelLoadError` naming the problem: the
 protobuf parses and has a graph; subgraphs nest at most `MAX_SUBGRAPH_DEPTH` levels;
-external data stays inside the model's folder and its files hold the bytes the
-tensors claim; every node input is defined; the graph has no cycle; every opset a
-node uses is imported.
+every tensor holds the data it declares and external data stays inside the model's
+folder (`tensor_data`, which also makes sparse tensors dense); every node input is
+defined; the graph has no cycle; every opset a node uses is imported.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
-from onnx_ir.passes.common import InlinePass
 
+from onnxkiln import tensor_data
 from onnxkiln.errors import ModelLoadError
+from onnxkiln.inlining import MAX_INLINED_NODES, check_inlined_size, inline_functions
 
 __all__ = [
     "MAP_TYPES",
@@ -41,7 +42,7 @@ MAX_SUBGRAPH_DEPTH = 64
 logger = logging.getLogger(__name__)
 
 
-def load_path(path: str | os.PathLike) -> ir.Model:
+def load_path(path: str | os.PathLike, max_inlined_nodes: int = MAX_INLINED_NODES) -> ir.Model:
     """Read and check a model file; external data resolves beside it."""
     p = Path(path)
     if not p.exists():
@@ -54,20 +55,21 @@ def load_path(path: str | os.PathLike) -> ir.Model:
         raise ModelLoadError(f"cannot read model file '{p}': {e}") from e
     proto = _parse(data, str(p))
     del data  # the file's bytes: the parsed message holds its own copy
-    return _from_proto(proto, p.resolve().parent, str(p))
+    return _from_proto(proto, p.resolve().parent, str(p), max_inlined_nodes)
 
 
 def load_bytes(
     data: bytes | bytearray | memoryview,
     external_data_dir: str | os.PathLike | None = None,
     source: str = "<bytes>",
+    max_inlined_nodes: int = MAX_INLINED_NODES,
 ) -> ir.Model:
     """Parse and check a serialized ModelProto."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ModelLoadError(f"load_bytes expects bytes, got {type(data).__name__}")
     proto = _parse(data, source)
     base = Path(external_data_dir).resolve() if external_data_dir is not None else None
-    return _from_proto(proto, base, source)
+    return _from_proto(proto, base, source, max_inlined_nodes)
 
 
 def _parse(data: bytes | bytearray | memoryview, source: str) -> onnx.ModelProto:
@@ -85,35 +87,36 @@ def _parse(data: bytes | bytearray | memoryview, source: str) -> onnx.ModelProto
     return proto
 
 
-def from_graph(graph: ir.Graph | ir.Model | onnx.ModelProto | onnx.GraphProto) -> ir.Model:
+def from_graph(graph: ir.Graph | ir.Model | onnx.ModelProto | onnx.GraphProto,
+               max_inlined_nodes: int = MAX_INLINED_NODES) -> ir.Model:
     """Wrap an in-memory graph or model; weights are read from its in-memory tensors."""
     if isinstance(graph, onnx.ModelProto):
-        return _from_proto(graph, None, "<ModelProto>")
+        return _from_proto(graph, None, "<ModelProto>", max_inlined_nodes)
     if isinstance(graph, onnx.GraphProto):
-        return _from_proto(onnx.helper.make_model(graph), None, "<GraphProto>")
+        return _from_proto(onnx.helper.make_model(graph), None, "<GraphProto>",
+                           max_inlined_nodes)
     if isinstance(graph, ir.Model):
-        return from_graph(ir.serde.serialize_model(graph))
+        return from_graph(ir.serde.serialize_model(graph), max_inlined_nodes)
     if isinstance(graph, ir.Graph):
         model = ir.Model(graph, ir_version=10)
-        return from_graph(ir.serde.serialize_model(model))
+        return from_graph(ir.serde.serialize_model(model), max_inlined_nodes)
     raise ModelLoadError(
         f"from_graph expects onnx_ir.Graph, onnx_ir.Model or onnx.ModelProto, "
         f"got {type(graph).__name__}"
     )
 
 
-def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Model:
+def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str,
+                max_inlined_nodes: int = MAX_INLINED_NODES) -> ir.Model:
     if not proto.HasField("graph"):
         raise ModelLoadError(f"{source}: the model has no graph (is this an ONNX file?)")
     if not proto.opset_import and proto.ir_version >= 3:
         raise ModelLoadError(f"{source}: the model imports no opset")
     _check_depth(proto, source)
     _check_text(proto, source)
-    for tensor in _all_tensors(proto):
-        if any(d < 0 for d in tensor.dims):  # numpy would read one negative dim as "infer"
-            raise ModelLoadError(
-                f"{source}: tensor '{tensor.name}' has negative dims {list(tensor.dims)}")
-        _check_external(tensor, base, source)
+    for tensor, where in tensor_data.model_tensors(proto):
+        tensor_data.check_tensor(tensor, where, base, source)
+    tensor_data.densify_sparse(proto, base, source)
     _sort_graph(proto.graph, set(), source)
     for func in proto.functions:
         _check_function_defined(func, source)
@@ -123,43 +126,51 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str) -> ir.Mo
     except Exception as e:
         raise ModelLoadError(f"{source}: cannot read the model: {e}") from e
     model.meta[MAP_TYPES] = map_types
-    if base is not None:
-        ir.external_data.set_base_dir(model.graph, base)
     if model.functions:
+        check_inlined_size(proto, max_inlined_nodes, source)
         try:
-            InlinePass()(model)
+            inline_functions(model)
         except Exception as e:  # recursive functions, call sites not matching the signature
             raise ModelLoadError(
                 f"{source}: cannot inline the model-local functions: {type(e).__name__}: {e}"
             ) from e
+    tensor_data.bind_external(model, base, source)  # after inlining: its copies too
     _check_opsets(model, source)
-    _detach_from_proto(model)
+    _detach_from_proto(model, source)
     return model
 
 
-def _detach_from_proto(model: ir.Model) -> None:
+def _detach_from_proto(model: ir.Model, source: str) -> None:
     """Give every initializer and tensor attribute its own numpy array, so the parsed
     protobuf (which otherwise stays alive behind them, a second copy of all the weights) is
-    freed once loading returns. Memory-mapped external data is left as it is."""
+    freed once loading returns. Memory-mapped external data is left as it is. Raw data of
+    another length than the dims need is refused here, where it is read anyway."""
 
-    def own(tensor: Any) -> Any:
+    def own(tensor: Any, where: str) -> Any:
         if not isinstance(tensor, ir.TensorProtoTensor) or tensor.dtype == ir.DataType.STRING:
             return tensor
         try:
             array = tensor.numpy()
         except Exception:  # unreadable data: planning reports it with the initializer's name
+            proto = tensor.raw
+            if proto.HasField("raw_data") and (
+                    problem := tensor_data.embedded_size_problem(proto)):
+                raise ModelLoadError(f"{source}: {where} {problem}") from None
             return tensor
         return ir.Tensor(array, dtype=tensor.dtype, name=tensor.name,
                          doc_string=tensor.doc_string)
 
     for graph in model.graphs():
-        for value in graph.initializers.values():
-            value.const_value = own(value.const_value)
+        for name, value in graph.initializers.items():
+            value.const_value = own(value.const_value,
+                                    f"initializer '{name}' of graph '{graph.name}'")
         for node in graph:
             for name, attr in list(node.attributes.items()):
                 if attr.type == ir.AttributeType.TENSOR and isinstance(
                         attr.value, ir.TensorProtoTensor):
-                    node.attributes[name] = ir.AttrTensor(name, own(attr.value))
+                    where = (f"attribute '{name}' of node '{node.name or '<unnamed>'}' "
+                             f"({node.domain or 'ai.onnx'}::{node.op_type})")
+                    node.attributes[name] = ir.AttrTensor(name, own(attr.value, where))
 
 
 def _check_depth(proto: onnx.ModelProto, source: str) -> None:
@@ -217,82 +228,18 @@ def _text_fields(descriptor: Descriptor) -> tuple[tuple[tuple[str, bool], ...], 
     return tuple(strings), tuple(messages)
 
 
-def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto in the model: initializers and tensor attributes, subgraphs too."""
-    graphs = [proto.graph]
-    nodes = [n for f in proto.functions for n in f.node]
-    while graphs or nodes:
-        if graphs:
-            g = graphs.pop()
-            yield from g.initializer
-            yield from (s.values for s in g.sparse_initializer)
-            nodes.extend(g.node)
-            continue
-        node = nodes.pop()
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
-            yield from a.tensors
-            if a.HasField("g"):
-                graphs.append(a.g)
-            graphs.extend(a.graphs)
-
-
-def _check_external(tensor: onnx.TensorProto, base: Path | None, source: str) -> None:
-    if tensor.data_location != onnx.TensorProto.EXTERNAL:
-        return
-    info = {e.key: e.value for e in tensor.external_data}
-    location = info.get("location", "")
-    where = f"{source}: initializer '{tensor.name}' has external data at '{location}'"
-    if not location:
-        raise ModelLoadError(f"{where}: no location given")
-    if base is None:
-        raise ModelLoadError(
-            f"{where}, but the model was loaded from bytes with no folder; pass "
-            "external_data_dir= or load it by path"
-        )
-    loc = Path(location)
-    if loc.is_absolute() or loc.drive or ".." in loc.parts:
-        raise ModelLoadError(f"{where}, which escapes the model folder '{base}'; refused")
-    full = (base / loc).resolve()
-    if not full.is_relative_to(base):
-        raise ModelLoadError(
-            f"{where}, which resolves to '{full}' outside the model folder '{base}'; refused"
-        )
-    if not full.is_file():
-        raise ModelLoadError(f"{where}: file '{full}' is missing (missing initializer data)")
-    try:
-        offset = int(info.get("offset", "0") or 0)
-        length = int(info["length"]) if info.get("length") else None
-    except ValueError as e:
-        raise ModelLoadError(f"{where}: bad offset/length ({e})") from e
-    size = full.stat().st_size
-    if offset < 0 or (length is not None and length < 0):
-        raise ModelLoadError(f"{where}: negative offset or length")
-    need = offset + (length or 0)
-    if need > size or offset > size:
-        raise ModelLoadError(
-            f"{where}: needs bytes up to {need} but the file has {size} (truncated data?)"
-        )
-
-
 def _sort_graph(graph: onnx.GraphProto, outer: set[str], source: str) -> None:
     """Topologically sort `graph.node` in place; undefined inputs and cycles are errors."""
-    if graph.sparse_initializer:  # onnx_ir drops them: their users would read nothing
-        raise ModelLoadError(
-            f"{source}: sparse initializer '{graph.sparse_initializer[0].values.name}' in graph "
-            f"'{graph.name}' is not supported; store it as a dense initializer"
-        )
     known = set(outer)
     known.update(i.name for i in graph.input)
     known.update(t.name for t in graph.initializer)
-    known.update(s.values.name for s in graph.sparse_initializer)
     producer: dict[str, int] = {}
+    own = known - outer  # this graph's inputs and initializers
     for idx, node in enumerate(graph.node):
         for out in node.output:
             if not out:
                 continue
-            if out in producer or out in known - outer:
+            if out in producer or out in own:
                 raise ModelLoadError(
                     f"{source}: value '{out}' is defined twice (node "
                     f"{_node_label(node)} and an earlier definition)"

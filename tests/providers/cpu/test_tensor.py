@@ -360,6 +360,17 @@ def test_constant_of_shape(value, shape):
     check("ConstantOfShape", {}, {"s": s}, opset=21, **attrs)
 
 
+def test_constant_of_shape_refuses_a_value_of_several_elements():
+    """onnxruntime refuses it; taking the first element would run another model."""
+    from onnx import numpy_helper
+
+    from onnxkiln import SessionError
+
+    with pytest.raises((ValueError, SessionError), match="must hold one element, got shape"):
+        ours("ConstantOfShape", {"s": np.array([2], np.int64)}, opset=21,
+             value=numpy_helper.from_array(np.array([1.0, 2.0], np.float32)))
+
+
 def test_constant_of_shape_bfloat16():
     from onnx import TensorProto, helper
 
@@ -454,17 +465,29 @@ def test_one_hot_strings_numpy():
     )
 
 
-def test_constant_sparse_value_is_unsupported():
-    # onnx_ir cannot load sparse attributes yet, so check the kernel factory directly
-    from onnxkiln.errors import UnsupportedOpError
-    from onnxkiln.providers.base import NodeInfo
-    from onnxkiln.providers.cpu import REGISTRY
+@pytest.mark.parametrize("indices, shape", [([0, 4, 5], [3]), ([0, 0, 1, 1, 1, 2], [3, 2])])
+def test_constant_sparse_value_is_made_dense_as_onnxruntime_does(indices, shape):
+    """Linear and coordinate indices; onnxruntime runs it when an op reads the constant."""
+    import onnxruntime
+    from onnx import TensorProto, helper
 
-    spec = REGISTRY.resolve("", "Constant", 13)
-    info = NodeInfo(name="c", op_type="Constant", domain="", opset=13,
-                    attrs={"sparse_value": object()}, n_inputs=0, n_outputs=1)  # fmt: skip
-    with pytest.raises(UnsupportedOpError, match="sparse_value"):
-        spec.build(info)
+    from onnxkiln import InferenceSession
+
+    values = helper.make_tensor("v", TensorProto.FLOAT, [3], [1.5, -2.0, 7.0])
+    sparse = helper.make_sparse_tensor(
+        values, helper.make_tensor("i", TensorProto.INT64, shape, indices), [2, 3])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], sparse_value=sparse),
+         helper.make_node("Add", ["x", "c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = arr((2, 3))
+    (y,) = InferenceSession.from_graph(model).run({"x": x})
+    ort = onnxruntime.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(y, ort.run(None, {"x": x})[0])
+    np.testing.assert_array_equal(y, x + np.array([[1.5, 0, 0], [0, -2, 7]], np.float32))
 
 
 def test_reshape_zero_past_input_rank_is_error():

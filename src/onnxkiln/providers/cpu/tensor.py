@@ -8,7 +8,6 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxkiln.dtypes import to_numpy
-from onnxkiln.errors import UnsupportedOpError
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu._tensor_util import (
     attr_str,
@@ -395,12 +394,7 @@ _CONSTANT_FORMS = (
 
 
 def _constant_value(info: NodeInfo) -> np.ndarray:
-    attrs = info.attrs
-    if attrs.get("sparse_value") is not None:
-        raise UnsupportedOpError(
-            f"{info.describe()}: sparse_value constants are not supported by the cpu provider; "
-            "convert the sparse tensor to a dense 'value' attribute"
-        )
+    attrs = info.attrs  # the loader has made a sparse_value dense (a value)
     if attrs.get("value") is not None:
         return attr_tensor(attrs["value"])
     for name, dtype, is_list in _CONSTANT_FORMS:
@@ -428,7 +422,10 @@ def constant(info: NodeInfo) -> Callable[[], np.ndarray]:
 def constant_of_shape(info: NodeInfo) -> Callable[..., np.ndarray]:
     """A tensor of the given shape filled with `value` (default float32 zero)."""
     v = info.attrs.get("value")
-    fill = np.zeros((), np.float32) if v is None else attr_tensor(v).reshape(-1)[:1].reshape(())
+    if v is not None and attr_tensor(v).size != 1:  # onnxruntime refuses it too
+        raise ValueError(f"ConstantOfShape: 'value' must hold one element, got shape "
+                         f"{list(attr_tensor(v).shape)}")
+    fill = np.zeros((), np.float32) if v is None else attr_tensor(v).reshape(())
     dtype = fill.dtype
     zero = dtype.kind != "O" and not fill.any()
 
