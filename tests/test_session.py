@@ -377,3 +377,85 @@ def test_a_name_in_the_wrong_case_suggests_the_right_one():
                        [tensor_info("x", np.float32, [2])], [tensor_info("y", np.float32, [2])])
     with pytest.raises(InputNotFoundError, match="unknown input 'X'.*did you mean 'x'"):
         InferenceSession.from_graph(model).run({"X": np.zeros(2, np.float32)})
+
+
+def test_constructor_takes_a_path_bytes_or_a_model_with_builder_keywords(tmp_path):
+    """What onnxruntime users type first: InferenceSession(model, providers=...)."""
+    proto = _two_input_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, str(path))
+    expected = InferenceSession.from_graph(proto).run({"a": A, "b": B})
+    for model in (str(path), path, proto.SerializeToString(), proto,
+                  ok.loader.from_graph(proto)):
+        s = InferenceSession(model, providers=["CPUExecutionProvider"], intra_op_threads=1,
+                             optimization="basic", options={"specialize": "0"})
+        for got, want in zip(s.run({"a": A, "b": B}), expected):
+            np.testing.assert_array_equal(got, want)
+        assert s._threads == 1 and s._optimization == "basic"
+    with pytest.raises(InvalidOptionError, match="no option 'thread'; it takes"):
+        InferenceSession(proto, thread=2)
+    with pytest.raises(InvalidOptionError, match="intra_op_threads must be an int"):
+        InferenceSession(proto, intra_op_threads=0)
+    with pytest.raises(ok.ModelLoadError, match="a model is a path, serialized bytes"):
+        InferenceSession(42)
+    with pytest.raises(ok.ModelLoadError, match="got bytes: use load_bytes"):
+        InferenceSession.load(proto.SerializeToString())
+    with pytest.raises(InvalidOptionError, match="external_data_dir is for models given as"):
+        InferenceSession(str(path), external_data_dir=str(tmp_path))
+
+
+def _branchy_model() -> onnx.ModelProto:
+    """y = relu(x); z = reshape(x, [3]), which fails for any x that is not 3 long."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Reshape", ["x", "s"], ["z"])]
+    return make_model(nodes, [tensor_info("x", np.float32, [None])],
+                      [tensor_info("y", np.float32, [None]), tensor_info("z", np.float32, [3])],
+                      {"s": np.array([3], np.int64)})
+
+
+def test_run_takes_onnxruntime_order_and_an_outputs_selection():
+    s = InferenceSession(_branchy_model())
+    x = np.array([-1, 2, -3], np.float32)
+    y, z = np.maximum(x, 0), x
+    for got in (s.run({"x": x}), s.run(None, {"x": x}), s.run([], {"x": x})):
+        np.testing.assert_array_equal(got[0], y)
+        np.testing.assert_array_equal(got[1], z)
+    (zz,) = s.run(["z"], {"x": x})
+    np.testing.assert_array_equal(zz, z)
+    first, second = s.run({"x": x}, outputs=["z", "z"])
+    first[0] = 99  # a name asked twice: two arrays
+    assert second[0] == -1
+    out = s.run_outputs(["z", "y"], {"x": x})
+    assert [o.name for o in out] == ["z", "y"]
+    np.testing.assert_array_equal(out[1].value, y)
+    with pytest.raises(InvalidInputError, match=r"unknown output 'Y'.*did you mean 'y'"):
+        s.run(["Y"], {"x": x})
+    with pytest.raises(InvalidInputError, match="not both"):
+        s.run(["y"], {"x": x}, outputs=["y"])
+    with pytest.raises(InvalidInputError, match="RunOptions"):
+        s.run(None, {"x": x}, None)
+
+
+def test_an_outputs_selection_runs_only_the_nodes_it_needs():
+    """Pruned as onnxkiln.compat prunes: the Reshape that fails is not needed for y."""
+    s = InferenceSession(_branchy_model())
+    x = np.arange(4, dtype=np.float32) - 2
+    with pytest.raises(KernelError, match="Reshape"):
+        s.run({"x": x})
+    for _ in range(2):  # the second call reuses the cached pruned plan
+        (y,) = s.run(["y"], {"x": x})
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+    assert len(s._pruned_plans) == 1
+    (y,) = s.run(["y"], {"x": x}, cancel=threading.Event())  # the hooked path prunes too
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_pasted_onnxruntime_code_runs_and_matches_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_two_input_model(), path)
+    feeds = {"a": A, "b": B}
+    theirs = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ours = ok.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for names in (None, ["z"], ["z", "y"]):
+        for got, want in zip(ours.run(names, feeds), theirs.run(names, feeds), strict=True):
+            np.testing.assert_array_equal(got, want)

@@ -4,6 +4,7 @@ onnxkiln.builder). No op logic lives here."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -26,15 +27,29 @@ from onnxkiln.errors import (
     InvalidOptionError,
     SequenceOutputError,
 )
-from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
-from onnxkiln.memory import MemoryPlan, MemoryTracker, PeakPlanner, ShapeOracle, simulate
+from onnxkiln.executor import (
+    CancelHook,
+    CompiledPlan,
+    Deadline,
+    cancel_scope,
+    cancelled,
+    combine_hooks,
+)
+from onnxkiln.memory import (
+    MemoryPlan,
+    MemoryTracker,
+    PeakPlanner,
+    ShapeOracle,
+    simulate,
+    tracking,
+)
 from onnxkiln.partition import (
     Placement,
     insert_copies,
     place,
     with_context_providers,
 )
-from onnxkiln.plan import Plan
+from onnxkiln.plan import Plan, prune_outputs
 from onnxkiln.pool import run_enter, run_leave, run_scope
 from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.specialize import PlanSpecializer, Specialization, SpecializationCache
@@ -54,19 +69,45 @@ from onnxkiln.types import (
     SessionOutput,
     WarmupShape,
 )
-from onnxkiln.validation import InputValidator
+from onnxkiln.validation import InputValidator, closest_name
 
 __all__ = ["InferenceSession", "SessionBuilder"]
+
+_MAX_PRUNED = 16  # compiled plans kept for run(outputs=...) subsets
+_BUILDER_KEYWORDS = ("device", "providers", "optimization", "intra_op_threads", "options",
+                     "trace", "warmup", "memory_limit")
 
 logger = logging.getLogger(__name__)
 
 
 class InferenceSession:
-    """A loaded model ready to run: `InferenceSession.load(path).run({"x": x})`."""
+    """A loaded model ready to run: `InferenceSession("model.onnx").run({"x": x})`.
 
-    def __init__(self, model: ir.Model, placement: Placement, config: SessionBuilder,
-                 model_path: str | os.PathLike | None = None,
-                 model_dir: str | os.PathLike | None = None) -> None:
+    `model` is a path, serialized bytes, an onnx.ModelProto or an onnx_ir Model or Graph.
+    The keyword options are SessionBuilder's setters by name (`device`, `providers`,
+    `optimization`, `intra_op_threads`, `trace`, `warmup`, `memory_limit`, and `options`
+    as a mapping of `option(key, value)` pairs); `external_data_dir` is where the external
+    data of a model given as bytes lies.
+
+    Example:
+        >>> session = InferenceSession("model.onnx", providers=["CPUExecutionProvider"],
+        ...                            intra_op_threads=2)
+    """
+
+    def __init__(self, model: str | os.PathLike | bytes | onnx.ModelProto | ir.Model | ir.Graph,
+                 /, *, external_data_dir: str | os.PathLike | None = None,
+                 **options: Any) -> None:
+        unknown = sorted(set(options) - set(_BUILDER_KEYWORDS))
+        if unknown:
+            raise InvalidOptionError(
+                f"InferenceSession has no option {unknown[0]!r}; it takes "
+                f"{[*_BUILDER_KEYWORDS, 'external_data_dir']}")
+        SessionBuilder.configured(**options)._build_into(self, model, external_data_dir)
+
+    def _setup(self, model: ir.Model, placement: Placement, config: SessionBuilder,
+               model_path: str | os.PathLike | None = None,
+               model_dir: str | os.PathLike | None = None) -> None:
+        """Optimize, place, plan and compile `model` (SessionBuilder calls this)."""
         self._options = dict(config._options)
         self._ep_config = ep_context.ep_context_config(self._options, model_path)
         if ep_context_load.has_ep_context(model):  # a dumped context model: load its partitions
@@ -121,6 +162,8 @@ class InferenceSession:
                                        self._threads, self._model.graph.name, self._options)
         self._bindings.release_hooks += [self._decode_memo.forget, self._graphs.forget]
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
+        self._pruned_plans: dict[tuple[int, ...], CompiledPlan] = {}  # outputs= selections
+        self._pruned_lock = threading.Lock()
         self._last_peak: int | None = None
 
     def _device_graphs(self) -> DeviceGraphs:
@@ -157,31 +200,114 @@ class InferenceSession:
         return SessionBuilder()
 
     # running ----------------------------------------------------------------
-    def run(self, inputs: Any, *, cancel: threading.Event | None = None) -> list[np.ndarray]:
-        """Run on named inputs; returns numpy arrays in graph-output order.
+    def run(self, *args: Any, outputs: Sequence[str] | None = None,
+            cancel: threading.Event | None = None,
+            timeout: float | None = None) -> list[np.ndarray]:
+        """Run on named inputs; returns numpy arrays in graph-output order, or the outputs
+        named in `outputs`, in that order (only the nodes they depend on run).
+
+        `run(inputs)` is the native form; onnxruntime's order works too:
+        `run(None, inputs)` for every output, `run(["y"], inputs)` for some.
 
         `cancel`: an event (anything with `is_set()`) another thread may set to stop the
-        run before its next node or Loop iteration with `RunCancelledError`; a kernel
-        already running finishes first. Without it the run has no per-node check.
+        run before its next node or Loop/Scan iteration with `RunCancelledError`; a kernel
+        already running finishes first. `timeout`: seconds after which the run stops the
+        same way with `RunTimeoutError` (a RunCancelledError). Without either the run has
+        no per-node check.
 
         Example:
-            >>> stop = threading.Event()
-            >>> threading.Timer(5.0, stop.set).start()  # give up after 5 s
-            >>> y, = session.run({"x": x}, cancel=stop)
+            >>> y, = session.run({"x": x}, timeout=5.0)  # give up after 5 s
+            >>> logits, = session.run(["logits"], {"input_ids": ids})
         """
+        inputs, names = self._run_args("run", args, outputs)
         self._decode_memo.note_ineligible()
-        return self._run(inputs, cancel=cancel, tensors=True)
+        cancel = _deadline(cancel, timeout)
+        if names is None:
+            return self._run(inputs, cancel=cancel, tensors=True)
+        return self._run_selected(inputs, names, cancel, tensors=True)
 
-    def run_outputs(
-        self, inputs: Any, *, cancel: threading.Event | None = None
-    ) -> list[SessionOutput]:
-        """Run and keep each output's kind (tensor, sequence, map, optional); `cancel` as
-        in `run`."""
+    def run_outputs(self, *args: Any, outputs: Sequence[str] | None = None,
+                    cancel: threading.Event | None = None,
+                    timeout: float | None = None) -> list[SessionOutput]:
+        """Run and keep each output's kind (tensor, sequence, map, optional); the forms,
+        `outputs`, `cancel` and `timeout` as in `run`."""
+        inputs, names = self._run_args("run_outputs", args, outputs)
         self._decode_memo.note_ineligible()
-        return [
-            SessionOutput(meta.name, _kind(value), value)
-            for meta, value in zip(self._outputs, self._run(inputs, cancel=cancel))
-        ]
+        cancel = _deadline(cancel, timeout)
+        if names is None:
+            names = [m.name for m in self._outputs]
+            values = self._run(inputs, cancel=cancel)
+        else:
+            values = self._run_selected(inputs, names, cancel, tensors=False)
+        return [SessionOutput(n, _kind(v), v) for n, v in zip(names, values)]
+
+    def _run_args(self, method: str, args: tuple, outputs: Sequence[str] | None
+                  ) -> tuple[Any, list[str] | None]:
+        """(inputs, selected output names or None for all) from run's two call forms."""
+        if len(args) == 2:
+            if outputs is not None:
+                raise InvalidInputError(f"{method}(): give the output names either first "
+                                        "(onnxruntime's order) or as outputs=, not both")
+            outputs, inputs = args
+        elif len(args) == 1:
+            inputs = args[0]
+        else:
+            hint = (" (onnxruntime's RunOptions: use onnxkiln.compat, or cancel= and "
+                    "timeout= here)" if len(args) == 3 else "")
+            raise InvalidInputError(
+                f"{method}() takes the inputs, or (output names, inputs) in onnxruntime's "
+                f"order; got {len(args)} positional arguments{hint}")
+        if outputs is None:
+            return inputs, None
+        if isinstance(outputs, str) or not isinstance(outputs, Sequence) or not all(
+                isinstance(n, str) for n in outputs):
+            raise InvalidInputError(f"output names must be a list of str, got {outputs!r}")
+        known = {m.name for m in self._outputs}
+        for name in outputs:
+            if name not in known:
+                close = closest_name(name, list(known))
+                hint = f"; did you mean '{close}'?" if close else ""
+                raise InvalidInputError(f"unknown output '{name}'; the model's outputs are "
+                                        f"{[m.name for m in self._outputs]}{hint}")
+        return inputs, (list(outputs) or None)
+
+    def _run_selected(self, inputs: Any, names: list[str], cancel: Any,
+                      tensors: bool) -> list[Any]:
+        """The outputs `names` from a plan pruned to what they need (cached per subset).
+        With memory tracking on, the whole plan runs (its accounting follows every step)."""
+        position = {m.name: i for i, m in enumerate(self._outputs)}
+        wanted = tuple(sorted({position[n] for n in names}))
+        if len(wanted) == len(self._outputs) or self._track_memory:
+            values = self._run(inputs, cancel=cancel, tensors=tensors)
+            return _each_once([values[position[n]] for n in names])
+        if cancel is not None:
+            _check_cancel(cancel)
+        compiled = self._pruned(wanted)
+        values, _ = self._validator.bind(inputs)
+        previous = run_enter(self._threads)
+        try:
+            if self._trace.enabled or cancel is not None:
+                results, _ = self._run_hooked(values, self._trace, cancel, compiled)
+            else:
+                results = compiled(values)
+        finally:
+            run_leave(previous)
+        metas = [self._outputs[i] for i in wanted]
+        results = self._finish(results, compiled.plan.output_may_alias, tensors, metas)
+        at = {p: results[k] for k, p in enumerate(wanted)}
+        return _each_once([at[position[n]] for n in names])
+
+    def _pruned(self, wanted: tuple[int, ...]) -> CompiledPlan:
+        """The compiled plan of the outputs at positions `wanted` (the last 16 kept)."""
+        with self._pruned_lock:
+            compiled = self._pruned_plans.pop(wanted, None)
+            if compiled is None:
+                compiled = CompiledPlan(prune_outputs(self._plan, wanted),
+                                        inplace=self._compiled.inplace)
+            self._pruned_plans[wanted] = compiled
+            while len(self._pruned_plans) > _MAX_PRUNED:
+                self._pruned_plans.pop(next(iter(self._pruned_plans)))
+        return compiled
 
     def _run(self, inputs: Any, trace: bool = True, cancel: Any = None,
              specialize_now: bool = False, tensors: bool = False) -> list[Any]:
@@ -207,7 +333,8 @@ class InferenceSession:
         return self._finish(outputs, self._copy_outputs if compiled is None
                             else entry.copy_outputs, tensors)
 
-    def _finish(self, outputs: list[Any], copy: Sequence[bool], tensors: bool) -> list[Any]:
+    def _finish(self, outputs: list[Any], copy: Sequence[bool], tensors: bool,
+                metas: Sequence[IoMeta] | None = None) -> list[Any]:
         """Outputs the caller owns: arrays (not numpy scalars), never a constant's or an
         input's memory, never read-only; with `tensors`, only tensors (run's contract)."""
         for i, value in enumerate(outputs):
@@ -220,7 +347,7 @@ class InferenceSession:
                 if copy[i] or not value.flags.writeable:
                     outputs[i] = value.copy()
             elif tensors:
-                raise SequenceOutputError(f"output '{self._outputs[i].name}' is a "
+                raise SequenceOutputError(f"output '{(metas or self._outputs)[i].name}' is a "
                                           f"{_kind(value)}, not a tensor; use run_outputs()")
             elif isinstance(value, list):  # elements may be the caller's own input arrays
                 outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
@@ -254,9 +381,9 @@ class InferenceSession:
         stop = None
         if cancel is not None:
             if cancel.is_set():
-                raise cancelled("main")
+                raise cancelled("main", event=cancel)
             stop = CancelHook(cancel, plan.plan)
-        with cancel_scope(cancel):
+        with cancel_scope(cancel), tracking(tracker):
             if ctx is None or not ctx.enabled:
                 outputs = plan.hooked(values, combine_hooks(stop, tracker))
             else:
@@ -500,11 +627,34 @@ class InferenceSession:
         return ControlFlowStats(self._control_flow.builds, self._control_flow.runs)
 
 
+def _each_once(values: list[Any]) -> list[Any]:
+    """A name asked for twice gets its own copy, so writing one result leaves the other."""
+    seen: set[int] = set()
+    for i, v in enumerate(values):
+        if id(v) in seen and isinstance(v, np.ndarray):
+            values[i] = v.copy()
+        seen.add(id(v))
+    return values
+
+
 def _check_cancel(cancel: Any) -> None:
     if not callable(getattr(cancel, "is_set", None)):
         raise InvalidInputError(
             f"cancel takes a threading.Event (anything with is_set()), got {type(cancel).__name__}"
         )
+
+
+def _deadline(cancel: Any, timeout: Any) -> Any:
+    """The run's cancel event: `cancel` itself, or a Deadline over it with `timeout`."""
+    if timeout is None:
+        return cancel
+    if (isinstance(timeout, bool) or not isinstance(timeout, int | float | np.integer
+                                                    | np.floating)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise InvalidInputError(f"timeout takes a number of seconds > 0, got {timeout!r}")
+    if cancel is not None:
+        _check_cancel(cancel)
+    return Deadline(float(timeout), cancel)
 
 
 def _kind(value: Any) -> str:
