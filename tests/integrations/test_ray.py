@@ -6,6 +6,7 @@ at the end. Actors and replicas ask for fractions of a CPU so that all fit at on
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import socket
@@ -130,6 +131,40 @@ def test_health_and_metadata_routes(server):
     assert status == 200 and "POST /predict" in json.loads(body)["routes"]
     status, _, body = _http(f"{base}/nope")
     assert status == 404 and "no route /nope" in json.loads(body)["error"]["message"]
+    assert json.loads(body)["error"]["type"] == "NotFound"
+
+
+def test_wrong_methods_are_405_with_allow_and_the_json_error_body(server):
+    base, _ = server
+    for method, route, allowed in [("GET", "predict", "POST"), ("PUT", "predict", "POST"),
+                                   ("POST", "health", "GET, HEAD"),
+                                   ("DELETE", "metadata", "GET, HEAD")]:
+        request = urllib.request.Request(f"{base}/{route}", method=method,
+                                         data=b"{}" if method in ("POST", "PUT") else None)
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=60)
+        assert (info.value.code, info.value.headers["Allow"]) == (405, allowed)
+        assert json.loads(info.value.read())["error"] == {
+            "status": 405, "type": "MethodNotAllowed",
+            "message": f"/m/{route} takes {allowed.replace(', ', ' or ')}, not {method}"}
+
+
+def test_openapi_page_and_schema_describe_predict(server):
+    base, _ = server
+    status, ctype, body = _http(f"{base}/openapi.json")
+    doc = json.loads(body)
+    assert (status, ctype) == (200, "application/json")
+    assert set(doc["paths"]) == {"/predict", "/health", "/metadata", "/"}
+    predict = doc["paths"]["/predict"]["post"]
+    assert set(predict["requestBody"]["content"]) == {
+        "application/json", "application/x-npz", "application/x-npy"}
+    assert [p["name"] for p in predict["parameters"]] == ["outputs"]
+    assert "Request formats" in doc["info"]["description"]
+    status, ctype, body = _http(f"{base}/docs")
+    assert (status, ctype) == (200, "text/html; charset=utf-8")
+    assert b"/m/openapi.json" in body  # the page finds the schema under the route prefix
+    routes = json.loads(_http(f"{base}/")[2])["routes"]
+    assert {"GET /docs", "GET /openapi.json"} <= set(routes)
 
 
 def test_json_npy_and_npz_requests_give_correct_results(server):
@@ -258,6 +293,36 @@ def test_concurrent_clients_of_a_batch_dependent_model_get_their_lone_answers(se
         assert meta["stats"]["requests"] == 48 and meta["stats"]["stacked_runs"] == 0
     finally:
         serve.delete("centering")
+
+
+def test_bodies_over_the_limit_are_413_by_length_or_by_count(server, rowwise_x_path):
+    _, port = server
+    serve.run(deployment(rowwise_x_path, max_request_bytes=4096,
+                         ray_actor_options={"num_cpus": 0.25}, intra_op_threads=1),
+              name="small", route_prefix="/small")
+    try:
+        status, _, body = _http(f"http://127.0.0.1:{port}/small/predict", b"0" * 5000,
+                                "application/json")
+        assert status == 413
+        assert json.loads(body)["error"] == {
+            "status": 413, "type": "PayloadTooLarge",
+            "message": "the body has 5000 bytes, over the server's limit of 4096"}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        chunks = (b"1" * 1000 for _ in range(10))  # chunked: no Content-Length to check
+        conn.request("POST", "/small/predict", body=chunks, encode_chunked=True,
+                     headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 413
+        assert json.loads(reply.read())["error"]["message"] == (
+            "the body is over the server's limit of 4096 bytes")
+        conn.close()
+        x = np.ones((2, 8), np.float32)
+        status, doc = _json_predict(f"http://127.0.0.1:{port}/small",
+                                    {"inputs": {"x": x.tolist()}})
+        assert status == 200
+        np.testing.assert_array_equal(doc["outputs"]["top"], rowwise_reference(x)[1])
+    finally:
+        serve.delete("small")
 
 
 def test_serve_cli_serves_until_interrupted(server, rowwise_x_path, monkeypatch, capsys):

@@ -23,9 +23,10 @@ into one run after a static check that the model keeps rows apart (refused, nami
 node, when something reduces, sorts or normalizes over the batch axis; see
 `onnxkiln.integrations.ray._batch_safety`).
 
-Routes: POST /predict, GET /health, GET /metadata, GET /. Request and response
-formats (JSON, npz, npy), error statuses and the batching rules are described in
-`onnxkiln.integrations.ray._http`.
+Routes: POST /predict, GET /health, GET /metadata, GET / (the list), and FastAPI's
+OpenAPI page at GET /docs (schema at /openapi.json). Request and response formats (JSON,
+npz, npy), error statuses and the batching rules are described in
+`onnxkiln.integrations.ray._http` (and on the OpenAPI page).
 """
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
-"""The Ray Serve deployment: HTTP routes over one session per replica, `@serve.batch`."""
+"""The Ray Serve deployment: a FastAPI app over one session per replica, `@serve.batch`."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Serve copies the routes by value, and the copies
+# could not resolve `Request` in a string annotation.
 import asyncio
-import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 import onnx
+from fastapi import FastAPI
 from ray import serve
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from onnxkiln import __version__
 from onnxkiln.errors import InvalidOptionError
+from onnxkiln.integrations.ray import _http
 from onnxkiln.integrations.ray._batch_safety import require_independent_rows
 from onnxkiln.integrations.ray._config import (
     ModelSource,
@@ -25,6 +27,8 @@ from onnxkiln.integrations.ray._config import (
 )
 from onnxkiln.integrations.ray._http import (
     JSON,
+    NPY,
+    NPZ,
     Engine,
     HttpError,
     decode,
@@ -37,17 +41,91 @@ from onnxkiln.types import IoMeta
 
 __all__ = ["ModelServer", "deployment", "serve_model"]
 
-logger = logging.getLogger(__name__)
-
 ROUTES = {
     "POST /predict": "run the model (JSON, npz or npy body; see onnxkiln.integrations.ray)",
     "GET /health": "200 when the replica's session is loaded",
     "GET /metadata": "inputs, outputs, model metadata, device, batching and counters",
+    "GET /docs": "this API's OpenAPI page",
+    "GET /openapi.json": "this API's OpenAPI schema",
     "GET /": "this list",
 }
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_PREDICT_DOC = {  # documented here, read by hand: FastAPI would read the body before the limit
+    "parameters": [{"name": "outputs", "in": "query", "schema": {"type": "string"},
+                    "description": "the outputs to return, comma-separated (default all)"}],
+    "requestBody": {"required": True, "content": {
+        JSON: {"schema": {"type": "object", "required": ["inputs"], "properties": {
+            "inputs": {"type": "object"}, "dtypes": {"type": "object"},
+            "outputs": {"type": "array", "items": {"type": "string"}}}}},
+        NPZ: _BINARY, NPY: _BINARY}}}
+
+api = FastAPI(title="onnxkiln", version=__version__,
+              description=_http.__doc__.partition("\n\n")[2])  # the formats, errors, batching
+
+
+@api.exception_handler(HttpError)
+async def _refused(request: Request, e: HttpError) -> Response:
+    return _error(e)
+
+
+@api.exception_handler(HTTPException)
+async def _no_route(request: Request, e: HTTPException) -> Response:
+    """The router's own 404 and 405, in the body every error has."""
+    if e.status_code == 405:
+        allowed = sorted(e.headers["Allow"].split(", "))
+        return _error(HttpError(405, f"{request.url.path} takes {' or '.join(allowed)}, not "
+                                f"{request.method}", "MethodNotAllowed",
+                                {"Allow": ", ".join(allowed)}))
+    if e.status_code == 404:
+        return _error(HttpError(404, f"no route {_route(request)}; routes: {list(ROUTES)}",
+                                "NotFound"))
+    return _error(HttpError(e.status_code, str(e.detail), "BadRequest", e.headers))
+
+
+@api.exception_handler(Exception)
+async def _failed(request: Request, e: Exception) -> Response:
+    """A bug: answer 500 (Serve logs the traceback) and keep serving."""
+    return _error(error_for(e))
+
+
+# Above the class: `serve.ingress` copies `api` by value as it wraps the class: its routes,
+# handlers and the names they use must exist by then.
+def _route(request: Request) -> str:
+    path = request.url.path
+    root = request.scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return "/" + path.strip("/")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"the body has {declared} bytes, over the server's limit of "
+                        f"{limit}", "PayloadTooLarge")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"the body is over the server's limit of {limit} bytes",
+                            "PayloadTooLarge")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _io(meta: IoMeta) -> dict[str, Any]:
+    return {"name": meta.name, "dtype": str(meta.dtype), "kind": meta.kind,
+            "shape": list(meta.shape) if meta.shape is not None else None,
+            "optional": meta.optional}
+
+
+def _error(e: HttpError) -> Response:
+    return Response(error_body(e.status, e.kind, e.message), status_code=e.status,
+                    media_type=JSON, headers=e.headers)
 
 
 @serve.deployment(name="onnxkiln")
+@serve.ingress(api)
 class ModelServer:
     """One replica: loads the model once, answers the routes in `ROUTES`."""
 
@@ -65,45 +143,9 @@ class ModelServer:
         self._predict_batched.set_max_batch_size(max_batch_size)
         self._predict_batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
-    async def __call__(self, request: Request) -> Response:
-        try:
-            route = _route(request)
-            if route == "/predict":
-                _allow(request, "POST")
-                return await self._predict(request)
-            if route not in ("/", "/health", "/metadata"):
-                raise HttpError(404, f"no route {route}; routes: {list(ROUTES)}", "NotFound")
-            _allow(request, "GET", "HEAD")
-            if route == "/health":
-                return _json({"status": "ok", "device": str(self.session.device_id())})
-            if route == "/metadata":
-                return _json(self.metadata())
-            return _json({"routes": ROUTES})
-        except HttpError as e:
-            return _error(e)
-        except Exception as e:  # a bug: answer 500 and keep serving
-            logger.exception("onnxkiln server: request failed")
-            return _error(error_for(e))
-
-    def metadata(self) -> dict[str, Any]:
-        """What GET /metadata returns."""
-        return {
-            "inputs": [_io(m) for m in self._inputs],
-            "outputs": [_io(m) for m in self._outputs],
-            "model": asdict(self.session.model_metadata()),
-            "device": str(self.session.device_id()),
-            "batching": {"enabled": self._batched, "stacking": self.engine.reason,
-                         "max_batch_size": self._max_batch_size,
-                         "batch_wait_timeout_s": self._wait},
-            "stats": self.engine.stats(),
-        }
-
-    def check_health(self) -> None:
-        """Serve's periodic replica check: the session must be there."""
-        if self.session is None:
-            raise RuntimeError("the model session is not loaded")
-
-    async def _predict(self, request: Request) -> Response:
+    @api.post("/predict", summary=ROUTES["POST /predict"], openapi_extra=_PREDICT_DOC)
+    async def predict(self, request: Request) -> Response:
+        """The formats are in the description above."""
         body = await _read_body(request, self._max_bytes)
         req = decode(body, request.headers.get("content-type"), self._inputs, self._outputs,
                      self._max_bytes, request.query_params.get("outputs"))
@@ -120,6 +162,33 @@ class ModelServer:
         fmt = response_format(req.fmt, request.headers.get("accept"), len(names))
         content, media = encode(names, result, fmt)
         return Response(content, media_type=media)
+
+    @api.api_route("/health", methods=["GET", "HEAD"], summary=ROUTES["GET /health"])
+    def health(self) -> dict[str, str]:
+        return {"status": "ok", "device": str(self.session.device_id())}
+
+    @api.api_route("/metadata", methods=["GET", "HEAD"], summary=ROUTES["GET /metadata"])
+    def metadata(self) -> dict[str, Any]:
+        """What GET /metadata returns."""
+        return {
+            "inputs": [_io(m) for m in self._inputs],
+            "outputs": [_io(m) for m in self._outputs],
+            "model": asdict(self.session.model_metadata()),
+            "device": str(self.session.device_id()),
+            "batching": {"enabled": self._batched, "stacking": self.engine.reason,
+                         "max_batch_size": self._max_batch_size,
+                         "batch_wait_timeout_s": self._wait},
+            "stats": self.engine.stats(),
+        }
+
+    @api.api_route("/", methods=["GET", "HEAD"], summary=ROUTES["GET /"])
+    def routes(self) -> dict[str, dict[str, str]]:
+        return {"routes": ROUTES}
+
+    def check_health(self) -> None:
+        """Serve's periodic replica check: the session must be there."""
+        if self.session is None:
+            raise RuntimeError("the model session is not loaded")
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def _predict_batched(self, requests: list[dict[str, Any]]) -> list[Any]:
@@ -211,47 +280,3 @@ def serve_model(
     serve.run(app, name=app_name, route_prefix=route_prefix, blocking=False)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{shown}:{port}{route_prefix.rstrip('/')}"
-
-
-def _route(request: Request) -> str:
-    path = request.url.path
-    root = request.scope.get("root_path") or ""
-    if root and path.startswith(root):
-        path = path[len(root):]
-    return "/" + path.strip("/")
-
-
-def _allow(request: Request, *methods: str) -> None:
-    if request.method not in methods:
-        raise HttpError(405, f"{request.url.path} takes {' or '.join(methods)}, not "
-                        f"{request.method}", "MethodNotAllowed", {"Allow": ", ".join(methods)})
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HttpError(413, f"the body has {declared} bytes, over the server's limit of "
-                        f"{limit}", "PayloadTooLarge")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"the body is over the server's limit of {limit} bytes",
-                            "PayloadTooLarge")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _io(meta: IoMeta) -> dict[str, Any]:
-    return {"name": meta.name, "dtype": str(meta.dtype), "kind": meta.kind,
-            "shape": list(meta.shape) if meta.shape is not None else None,
-            "optional": meta.optional}
-
-
-def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(doc), status_code=status, media_type=JSON)
-
-
-def _error(e: HttpError) -> Response:
-    return Response(error_body(e.status, e.kind, e.message), status_code=e.status,
-                    media_type=JSON, headers=e.headers)
