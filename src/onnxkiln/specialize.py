@@ -49,7 +49,8 @@ _SHAPE_FOLLOWS_SHAPES = frozenset({
         "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "BiasAdd",
         "BiasSplitGelu", "MatMulNBits", "RotaryEmbedding", "MultiHeadAttention", "Attention",
         "EmbedLayerNormalization", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
-        "QLinearGlobalAveragePool", "QLinearConcat", "DynamicQuantizeMatMul",
+        "QLinearGlobalAveragePool", "QLinearConcat", "QLinearLeakyRelu", "QLinearAveragePool",
+        "QLinearWhere", "QLinearSoftmax", "QGemm", "DynamicQuantizeMatMul",
         "MatMulIntegerToFloat", "QuantizeLinear", "DequantizeLinear", "GatherBlockQuantized",
         "Inverse")
 })

@@ -16,12 +16,14 @@ import itertools
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 import scipy.special
 from onnx import helper
 
 from onnxkiln import InferenceSession
-from onnxkiln.testing import assert_matches_ort, make_model, node_model, tensor_info
+from onnxkiln.errors import KernelError
+from onnxkiln.testing import assert_matches_ort, make_model, node_model, run_ort, tensor_info
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(1234)
@@ -687,6 +689,68 @@ def test_qlinear_concat_exhaustive_and_single():
         assert_matches_ort(m, {"a": x})
 
 
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("alpha", [0.01, 0.1, 0.3333, 2.0])
+def test_qlinear_leaky_relu(dt, alpha):
+    x = all_values(dt).reshape(4, 64)
+    for _ in range(3):
+        s, z = qparams(dt, 2)
+        inits = {"xs": s[0], "xz": z[0], "ys": s[1], "yz": z[1]}
+        m = model("QLinearLeakyRelu", {"X": x}, inits, ["X", "xs", "xz", "ys", "yz"],
+                  alpha=alpha)
+        assert_matches_ort(m, {"X": x})  # bit exact, saturated ends included
+    m = model("QLinearLeakyRelu", {"X": x}, {"xs": F32(0.5), "ys": F32(0.25)}, ["X", "xs", "",
+                                                                                "ys"])
+    info = np.iinfo(dt)
+    v = x.astype(F32) * F32(0.5)
+    ref = np.clip(np.rint(np.where(v < 0, v * F32(0.01), v) / F32(0.25)), info.min, info.max)
+    np.testing.assert_array_equal(ours(m, {"X": x})[0], ref.astype(dt))  # default alpha, zps 0
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("shape,attrs,channels_last", [
+    ((1, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}, 0),
+    ((2, 4, 7, 9), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 0),
+    ((2, 4, 7, 9), {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "count_include_pad": 1}, 0),
+    ((2, 7, 9, 4), {"kernel_shape": [3, 2], "strides": [2, 1]}, 1),
+    ((1, 2, 10), {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}, 0),
+    ((1, 2, 5, 5), {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}, 0),
+    ((1, 2, 4, 4, 4), {"kernel_shape": [2, 2, 2]}, 0),
+])
+def test_qlinear_average_pool(dt, shape, attrs, channels_last):
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
+    for _ in range(3):
+        s, z = qparams(dt, 2)
+        inits = {"xs": s[0], "xz": z[0], "ys": s[1], "yz": z[1]}
+        m = model("QLinearAveragePool", {"X": x}, inits, ["X", "xs", "xz", "ys", "yz"],
+                  channels_last=channels_last, **attrs)
+        assert_matches_ort(m, {"X": x})  # bit exact
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("cshape,xshape,yshape", [((4, 5), (4, 5), (4, 5)),
+                                                  ((4, 1), (1, 5), (4, 5)), ((), (3,), (2, 3))])
+def test_qlinear_where(dt, cshape, xshape, yshape):
+    info = np.iinfo(dt)
+    feeds = {"c": np.asarray(RNG.random(cshape) < 0.5),
+             "x": RNG.integers(info.min, info.max + 1, xshape).astype(dt),
+             "y": RNG.integers(info.min, info.max + 1, yshape).astype(dt)}
+    for same in (False, True):  # True: X already has Z's parameters (a plain copy)
+        s, z = qparams(dt, 3)
+        if same:
+            s[0], z[0] = s[2], z[2]
+        inits = {"xs": s[0], "xz": z[0], "ys": s[1], "yz": z[1], "zs": s[2], "zz": z[2]}
+        m = model("QLinearWhere", feeds, inits,
+                  ["c", "x", "xs", "xz", "y", "ys", "yz", "zs", "zz"])
+        assert_matches_ort(m, feeds)
+    bad = dict(feeds, y=feeds["y"][..., :1].repeat(2, -1) if yshape != (4, 5) else
+               feeds["y"][:, :2].copy())
+    m = model("QLinearWhere", bad, inits, ["c", "x", "xs", "xz", "y", "ys", "yz", "zs", "zz"])
+    with pytest.raises(KernelError, match="do not broadcast"):
+        ours(m, bad)
+
 # ------------------------------------------------ com.microsoft QuantizeLinear/DequantizeLinear
 
 QL_AXES = [(None, ()), (None, (1,)), (1, (3,)), (None, (3,)), (-1, (4,)), (0, (2,)), (2, (4,))]
@@ -742,3 +806,246 @@ def test_ms_dequantize_int32_and_defaults():
                                             "z": np.array([-1, 0, 3], np.int8)},
               ["x", "s", "z"], axis=0)
     assert_matches_ort(m, {"x": x16})
+
+
+# ------------------------------------------------------------------------------------ QGemm
+# onnxruntime implements uint8 A with uint8/int8 B and int8 A with int8 B, Y of A's type or
+# float; int8 B stays within |B| <= 63 (the MLAS note at the top).
+
+QGEMM_TYPES = [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)]
+
+
+def qgemm_case(adt, bdt, m, k, n, ta, tb, per_column, bias, quantized, alpha=1.0, a=None):
+    ai = np.iinfo(adt)
+    blo, bhi = (0, 255) if bdt == np.uint8 else (-63, 63)
+    if a is None:
+        a = RNG.integers(ai.min, ai.max + 1, (k, m) if ta else (m, k)).astype(adt)
+    b = RNG.integers(blo, bhi + 1, (n, k) if tb else (k, n)).astype(bdt)
+    bshape = (n,) if per_column else ()
+    inits = {"as": F32(RNG.uniform(0.001, 0.1)),
+             "az": np.array(RNG.integers(ai.min, ai.max + 1), adt), "B": b,
+             "bs": RNG.uniform(0.001, 0.05, bshape).astype(F32),
+             "bz": RNG.integers(blo, bhi + 1, bshape).astype(bdt)}
+    names = ["A", "as", "az", "B", "bs", "bz"]
+    if bias:
+        inits["C"] = RNG.integers(-5000, 5000, bias).astype(np.int32)
+    names.append("C" if bias else "")
+    if quantized:
+        inits["ys"], inits["yz"] = F32(RNG.uniform(0.01, 0.5)), np.array(3, adt)
+        names += ["ys", "yz"]
+    return model("QGemm", {"A": a}, inits, names, transA=int(ta), transB=int(tb),
+                 alpha=alpha), {"A": a}
+
+
+@pytest.mark.parametrize("adt,bdt", QGEMM_TYPES)
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("bias", [None, (6,), (5, 6), (1, 1)])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_qgemm(adt, bdt, ta, tb, per_column, bias, quantized):
+    for alpha in (1.0, 0.37):
+        m, feeds = qgemm_case(adt, bdt, 5, 7, 6, ta, tb, per_column, bias, quantized, alpha)
+        got = assert_matches_ort(m, feeds, rtol=0, atol=0)[0]  # bit exact
+        assert got.dtype == (adt if quantized else F32)
+
+
+@pytest.mark.parametrize("adt,bdt", QGEMM_TYPES)
+def test_qgemm_saturates_and_long_k(adt, bdt):
+    ai = np.iinfo(adt)
+    a = np.full((4, 64), ai.max, adt)
+    a[1], a[2, ::2] = ai.min, ai.min  # rows far above and below the output range
+    m, feeds = qgemm_case(adt, bdt, 4, 64, 8, 0, 0, True, (8,), True, 3.0, a=a)
+    y = assert_matches_ort(m, feeds, rtol=0, atol=0)[0]
+    assert {ai.min, ai.max} <= set(np.unique(y).tolist())
+    # K large enough that the sums leave float32's exact range: float64 accumulation
+    m, feeds = qgemm_case(adt, bdt, 3, 1200, 5, 0, 1, False, (5,), True)
+    assert_matches_ort(m, feeds, rtol=0, atol=0)
+    m, feeds = qgemm_case(adt, bdt, 3, 1200, 5, 1, 0, True, None, False)
+    assert_matches_ort(m, feeds, rtol=0, atol=0)
+
+
+def test_qgemm_int8_a_uint8_b_and_errors():
+    """int8 A with uint8 B has no onnxruntime kernel: against numpy."""
+    a = RNG.integers(-128, 128, (3, 4)).astype(np.int8)
+    b = RNG.integers(0, 256, (4, 2)).astype(np.uint8)
+    inits = {"as": F32(0.5), "az": np.array(-3, np.int8), "B": b, "bs": F32(0.25),
+             "bz": np.array(7, np.uint8)}
+    m = model("QGemm", {"A": a}, inits, ["A", "as", "az", "B", "bs", "bz"], alpha=2.0)
+    ref = (a.astype(np.int64) + 3) @ (b.astype(np.int64) - 7) * 0.25
+    np.testing.assert_array_equal(ours(m, {"A": a})[0], ref.astype(F32))
+    bad_c = dict(inits, C=np.zeros((3,), np.int32))
+    m = model("QGemm", {"A": a}, bad_c, ["A", "as", "az", "B", "bs", "bz", "C"])
+    with pytest.raises(KernelError, match="C .* does not broadcast"):
+        ours(m, {"A": a})
+    bad_bs = dict(inits, bs=np.ones(3, F32))
+    m = model("QGemm", {"A": a}, bad_bs, ["A", "as", "az", "B", "bs", "bz"])
+    with pytest.raises(KernelError, match="b_scale must be a scalar or have one value"):
+        ours(m, {"A": a})
+    m = model("QGemm", {"A": a}, inits, ["A", "as", "az", "B", "bs", "bz"], transB=1)
+    with pytest.raises(KernelError, match="do not multiply"):
+        ours(m, {"A": a})
+
+
+# --------------------------------------------------------------------------- QLinearSoftmax
+
+
+def softmax_model(x, xs, xz, ys, yz, opset, axis=None):
+    m = model("QLinearSoftmax", {"X": x}, {"xs": xs, "xz": xz, "ys": ys, "yz": yz},
+              ["X", "xs", "xz", "ys", "yz"], **({} if axis is None else {"axis": axis}))
+    m.graph.node[0].attribute.append(helper.make_attribute("opset", opset))  # not a kwarg:
+    return m  # node_model's own `opset` parameter would take it
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("opset", [12, 13])
+@pytest.mark.parametrize("shape,axis", [((4, 10), None), ((4, 10), 0), ((2, 3, 5), 1),
+                                        ((2, 3, 5), -1), ((2, 4, 3, 7), 2), ((3, 300), 1),
+                                        ((2, 4, 3, 7), 0)])
+def test_qlinear_softmax(dt, opset, shape, axis):
+    """Within one step of onnxruntime, whose exponentials and sums are float32 where ours are
+    float64: values next to a rounding tie can land on either side (a few in a thousand)."""
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
+    for xs in (F32(0.02), F32(0.3), F32(1.5)):
+        ys, yz = qparams(dt, 1)
+        m = softmax_model(x, xs, np.array(info.min + 5, dt), ys[0] * F32(0.02), yz[0], opset,
+                          axis)
+        got, want = ours(m, {"X": x})[0], run_ort(m, {"X": x})[0]
+        assert got.dtype == want.dtype == dt and got.shape == want.shape
+        diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_qlinear_softmax_saturates_and_flattens():
+    x = np.array([[0, 0, 0, 255], [10, 10, 10, 10]], np.uint8)
+    m = softmax_model(x, F32(0.5), np.array(0, np.uint8), F32(1 / 512), np.array(0, np.uint8),
+                      13)
+    np.testing.assert_array_equal(ours(m, {"X": x})[0], [[0, 0, 0, 255], [128, 128, 128, 128]])
+    # opset 12 at axis 1 normalizes over the last two dims together
+    x3 = np.zeros((2, 2, 2), np.int8)
+    m = softmax_model(x3, F32(1), np.array(0, np.int8), F32(1 / 256), np.array(-128, np.int8),
+                      12, 1)
+    np.testing.assert_array_equal(ours(m, {"X": x3})[0], np.full((2, 2, 2), -64, np.int8))
+    # one dominant int8 value: 128 above the zero point saturates to 127
+    x1 = np.array([[127, -128, -128]], np.int8)
+    m = softmax_model(x1, F32(1), np.array(0, np.int8), F32(1 / 256), np.array(-128, np.int8),
+                      13)
+    np.testing.assert_array_equal(assert_matches_ort(m, {"X": x1})[0], [[127, -128, -128]])
+    m = softmax_model(x3, F32(1), np.array(0, np.int8), F32(1 / 256), np.array(0, np.uint8), 13)
+    with pytest.raises(KernelError, match="X is int8 but y_zero_point is uint8"):
+        ours(m, {"X": x3})
+
+
+# ------------------------------------------------ models written by onnxruntime's quantizer
+
+
+def _float_model(nodes, weights, x_shape, y_shape, opset):
+    inits = {k: (RNG.standard_normal(s) * 0.5).astype(F32) for k, s in weights.items()}
+    return make_model(nodes, [tensor_info("x", F32, x_shape)], [tensor_info("y", F32, y_shape)],
+                      initializers=inits, opset=opset)
+
+
+def mlp_head():
+    """Gemm -> Relu -> MatMul + Add -> Sigmoid -> Gemm -> Softmax, the shape of a Linear head."""
+    n = helper.make_node
+    nodes = [n("Gemm", ["x", "w1", "b1"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+             n("MatMul", ["r", "w2"], ["m"]), n("Add", ["m", "b2"], ["a"]),
+             n("Sigmoid", ["a"], ["s"]), n("Gemm", ["s", "w3", "b3"], ["z"]),
+             n("Softmax", ["z"], ["y"], axis=-1)]
+    weights = {"w1": (16, 8), "b1": (16,), "w2": (16, 12), "b2": (12,), "w3": (12, 5),
+               "b3": (5,)}
+    return _float_model(nodes, weights, (4, 8), (4, 5), 17), (4, 8)
+
+
+def attention_block():
+    """One attention head with a residual, LayerNormalization and a Gelu MLP."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wq"], ["q0"]), n("Add", ["q0", "bq"], ["q"]),
+             n("MatMul", ["x", "wk"], ["k0"]), n("Add", ["k0", "bk"], ["k"]),
+             n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), n("MatMul", ["q", "kt"], ["sc"]),
+             n("Softmax", ["sc"], ["att"], axis=-1), n("MatMul", ["att", "x"], ["ctx"]),
+             n("Add", ["ctx", "x"], ["res"]),
+             n("LayerNormalization", ["res", "g", "be"], ["ln"], axis=-1),
+             n("MatMul", ["ln", "w1"], ["f0"]), n("Add", ["f0", "b1"], ["f1"]),
+             n("Gelu", ["f1"], ["ge"]), n("MatMul", ["ge", "w2"], ["f2"]),
+             n("Add", ["f2", "b2"], ["y"])]
+    weights = {"wq": (8, 8), "bq": (8,), "wk": (8, 8), "bk": (8,), "g": (8,), "be": (8,),
+               "w1": (8, 16), "b1": (16,), "w2": (16, 8), "b2": (8,)}
+    return _float_model(nodes, weights, (2, 5, 8), (2, 5, 8), 20), (2, 5, 8)
+
+
+def small_cnn():
+    """Conv / LeakyRelu / pooling / residual Add and Mul / Concat / Sigmoid, Gemm out."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "cw", "cb"], ["c1"], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p1", "cw2", "cb2"], ["c2"], pads=[1, 1, 1, 1]),
+             n("LeakyRelu", ["c2"], ["l2"], alpha=0.1),
+             n("AveragePool", ["l2"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p1", "cw3", "cb3"], ["c3"], strides=[2, 2]),
+             n("Add", ["ap", "c3"], ["s"]), n("Mul", ["s", "ap"], ["mu"]),
+             n("Concat", ["mu", "s"], ["cc"], axis=1), n("Sigmoid", ["cc"], ["sg"]),
+             n("GlobalAveragePool", ["sg"], ["g"]), n("Flatten", ["g"], ["f"]),
+             n("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    weights = {"cw": (4, 3, 3, 3), "cb": (4,), "cw2": (6, 4, 3, 3), "cb2": (6,),
+               "cw3": (6, 4, 1, 1), "cb3": (6,), "fw": (10, 12), "fb": (10,)}
+    return _float_model(nodes, weights, (1, 3, 8, 8), (1, 10), 17), (1, 3, 8, 8)
+
+
+def quantize_qoperator(float_model, x_shape, tmp_path, activation, weight, per_channel):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": RNG.standard_normal(x_shape).astype(F32)}
+                               for _ in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "quantized.onnx"
+    src.write_bytes(float_model.SerializeToString())
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator,
+                    activation_type=activation, weight_type=weight, per_channel=per_channel)
+    return onnx.load(str(dst))
+
+
+QUANTIZED_OPS = {
+    mlp_head: {"QGemm", "QLinearAdd", "QLinearSigmoid", "QLinearSoftmax"},
+    attention_block: {"QLinearAdd", "QLinearSoftmax"},
+    small_cnn: {"QGemm", "QLinearAdd", "QLinearMul", "QLinearLeakyRelu", "QLinearAveragePool",
+                "QLinearConcat", "QLinearSigmoid", "QLinearGlobalAveragePool"},
+}
+
+
+@pytest.mark.parametrize("build", [mlp_head, attention_block, small_cnn])
+@pytest.mark.parametrize("activation,weight", [("QUInt8", "QInt8"), ("QInt8", "QInt8"),
+                                               ("QUInt8", "QUInt8")])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_static_qoperator_models(build, activation, weight, per_channel, tmp_path):
+    """onnxruntime's quantizer in QOperator format, its com.microsoft ops between
+    QuantizeLinear and DequantizeLinear (with QLinearConv / QLinearMatMul from onnx).
+
+    Every integer op is bit exact, so models without QLinearSoftmax match exactly. With it,
+    outputs are held to one step of the last quantized tensor: onnxruntime's float32
+    softmax can round a value next to a tie the other way, and that step carries through
+    the ops after it (on these seeded inputs they match exactly too)."""
+    from onnxruntime.quantization import QuantType
+
+    float_model, x_shape = build()
+    m = quantize_qoperator(float_model, x_shape, tmp_path, QuantType[activation],
+                           QuantType[weight], per_channel)
+    ops = {nd.op_type for nd in m.graph.node if nd.domain == MS}
+    assert ops == QUANTIZED_OPS[build]
+    last_dq = next(nd for nd in reversed(m.graph.node) if nd.op_type == "DequantizeLinear")
+    step = onnx.numpy_helper.to_array(
+        next(t for t in m.graph.initializer if t.name == last_dq.input[1]))
+    session = InferenceSession.builder().from_graph(m)
+    for _ in range(3):
+        x = (RNG.standard_normal(x_shape) * 2).astype(F32)
+        got, want = session.run({"x": x})[0], run_ort(m, {"x": x})[0]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if "QLinearSoftmax" in ops:
+            np.testing.assert_allclose(got, want, rtol=0, atol=float(step) * 1.001)
+        else:
+            np.testing.assert_array_equal(got, want)

@@ -1,9 +1,11 @@
-"""CPU kernels: onnxruntime's com.microsoft 8-bit quantized elementwise and pooling ops.
+"""CPU kernels: onnxruntime's com.microsoft 8-bit quantized ops (what its quantizer writes).
 
-QLinearAdd, QLinearMul, QLinearSigmoid, QLinearGlobalAveragePool and QLinearConcat, on uint8
-or int8 tensors with per-tensor scales and zero points. The float arithmetic follows
-onnxruntime's CPU kernels step by step (which float32 roundings happen where), so results
-match it bit for bit; rounding is half to even, then saturation to the type's range.
+QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool,
+QLinearAveragePool, QLinearConcat, QLinearWhere, QLinearSoftmax and QGemm, on uint8 or int8
+tensors with per-tensor scales and zero points (QGemm's B may be per column). The float
+arithmetic follows onnxruntime's CPU kernels step by step (which float32 roundings happen
+where), so results match it bit for bit, QLinearSoftmax within one step; rounding is half to
+even, then saturation to the type's range.
 
 onnx knows none of these schemas, so no attribute defaults are filled in at plan time.
 """
@@ -16,7 +18,8 @@ import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
-from onnxkiln.providers.cpu._tensor_util import norm_axis
+from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu.contrib_quant import _present
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -148,10 +151,9 @@ def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
     return _saturate(v, dt)
 
 
-@kernel("QLinearSigmoid", since=1, domain=MS, factory=True, variant="qlinearsigmoid.lut")
-def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
-    """Y = quantize(sigmoid(dequantize(X))), through a 256-entry table per parameter set."""
-    op = "QLinearSigmoid"
+def _lut_kernel(op: str, fn: Callable[[np.ndarray], None]) -> Callable[..., np.ndarray]:
+    """Y = quantize(fn(dequantize(X))) through a 256-entry table per parameter set; fn works in
+    place on float32 values."""
     tables: dict[tuple, np.ndarray] = {}
 
     def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
@@ -166,7 +168,7 @@ def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
             v = _codes(dt).astype(_F32)
             v -= _F32.type(xz)
             v *= xs
-            _special.expit(v, out=v)
+            fn(v)
             v /= ys
             v += _F32.type(yz)
             if len(tables) >= _MAX_TABLES:
@@ -175,6 +177,23 @@ def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
         return _lookup(table, x)
 
     return run
+
+
+@kernel("QLinearSigmoid", since=1, domain=MS, factory=True, variant="qlinearsigmoid.lut")
+def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = quantize(sigmoid(dequantize(X))), through a 256-entry table per parameter set."""
+    return _lut_kernel("QLinearSigmoid", lambda v: _special.expit(v, out=v))
+
+
+@kernel("QLinearLeakyRelu", since=1, domain=MS, factory=True, variant="qlinearleakyrelu.lut")
+def qlinear_leaky_relu(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = quantize(leaky_relu(dequantize(X), alpha)), through a 256-entry table."""
+    alpha = _F32.type(info.attrs.get("alpha", 0.01))
+
+    def leaky(v: np.ndarray) -> None:
+        np.multiply(v, alpha, out=v, where=v < 0)
+
+    return _lut_kernel("QLinearLeakyRelu", leaky)
 
 
 @kernel("QLinearGlobalAveragePool", since=1, domain=MS, factory=True,
@@ -255,5 +274,218 @@ def qlinear_concat(info: NodeInfo) -> Callable[..., np.ndarray]:
                 table = tables[key] = _requant_table(dt, key[0], key[1], ys, yz, dt)
             pieces.append(_lookup(table, x))
         return np.concatenate(pieces, axis=ax)
+
+    return run
+
+
+def _gemm_param(op: str, v: np.ndarray | None, n: int, what: str) -> np.ndarray | None:
+    """b_scale / b_zero_point: a scalar or one value per column of op(B) (n of them)."""
+    if v is None or v.size == 1:
+        return v if v is None else v.reshape(())
+    if v.ndim != 1 or v.shape[0] != n:
+        raise ValueError(f"{op}: {what} must be a scalar or have one value per column of B "
+                         f"({n}), got shape {v.shape}")
+    return v
+
+
+@kernel("QGemm", since=1, domain=MS, factory=True, variant="qgemm.blas")
+def qgemm(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = alpha a_scale b_scale ((A' - a_zp) @ (B' - b_zp) + C), A' / B' transposed by transA /
+    transB, C an int32 bias; float32 out, or requantized to y_scale / y_zero_point when given.
+
+    The product is summed exactly (float32 while the sums stay below 2^24, else float64, then
+    wrapped to int32 like the accumulator), made float32, then scaled in float32.
+    """
+    op = "QGemm"
+    trans_a = bool(info.attrs.get("transA", 0))
+    trans_b = bool(info.attrs.get("transB", 0))
+    alpha = _F32.type(info.attrs.get("alpha", 1.0))
+    b_const, bz_const = const_input(info, 3), const_input(info, 5)
+    static_b = b_const is not None and (bz_const is not None or not _present(info, 5))
+    memo: dict[tuple, np.ndarray] = {}
+
+    def centered_b(b: np.ndarray, b_zp: np.ndarray | None, cdt: np.dtype) -> np.ndarray:
+        key = (b.dtype, cdt)
+        got = memo.get(key) if static_b else None
+        if got is None:
+            bt = b.T if trans_b else b
+            got = bt.astype(cdt)
+            if b_zp is not None:
+                got -= _gemm_param(op, b_zp, bt.shape[1], "b_zero_point").astype(cdt)
+            if static_b:
+                memo[key] = got
+        return got
+
+    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point=None, c=None, y_scale=None,
+            y_zero_point=None) -> np.ndarray:
+        adt, bdt = _qtype(op, a, "A"), _qtype(op, b, "B")
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"{op}: A and B must be 2-D, got {a.shape} and {b.shape}")
+        at = a.T if trans_a else a
+        (m, k), (kb, n) = at.shape, (b.shape[::-1] if trans_b else b.shape)
+        if k != kb:
+            raise ValueError(f"{op}: A {a.shape} and B {b.shape} (transA={int(trans_a)}, "
+                             f"transB={int(trans_b)}) do not multiply")
+        az = _zp(op, a_zero_point, adt, "a_zero_point")
+        if b_zero_point is not None and b_zero_point.dtype != bdt:
+            raise TypeError(f"{op}: b_zero_point must be {bdt} like B, got {b_zero_point.dtype}")
+        sa = _scale(op, a_scale, "a_scale")
+        sb = _gemm_param(op, b_scale, n, "b_scale").astype(_F32)
+        span_a = max(abs(v - az) for v in _RANGE[adt])
+        exact32 = k * span_a * 255 < (1 << 24)
+        cdt = _F32 if exact32 else _F64
+        ac = at.astype(cdt)
+        ac -= cdt.type(az)
+        acc = ac @ centered_b(b, b_zero_point, cdt)
+        if c is not None:
+            if c.dtype != np.int32:
+                raise TypeError(f"{op}: C must be int32, got {c.dtype}")
+            try:
+                shape = np.broadcast_shapes(c.shape, (m, n))
+            except ValueError:
+                shape = None
+            if shape != (m, n):
+                raise ValueError(f"{op}: C {c.shape} does not broadcast to Y ({m}, {n})")
+        if not exact32 or c is not None:
+            acc = acc.astype(np.int64)
+            if c is not None:
+                acc += c
+            acc = acc.astype(np.int32).astype(_F32)
+        scale = alpha * sa * sb
+        if y_scale is None:
+            if y_zero_point is not None:
+                raise ValueError(f"{op}: y_zero_point is given without y_scale")
+            acc *= scale
+            return acc
+        if y_zero_point is None:
+            raise ValueError(f"{op}: y_scale is given without y_zero_point (it sets the type)")
+        ydt = _qtype(op, y_zero_point, "y_zero_point")
+        acc *= scale / _scale(op, y_scale, "y_scale")
+        np.rint(acc, out=acc)
+        acc += _F32.type(_zp(op, y_zero_point, ydt, "y_zero_point"))
+        return _saturate(acc, ydt)
+
+    return run
+
+
+@kernel("QLinearSoftmax", since=1, domain=MS, factory=True, variant="qlinearsoftmax.numpy")
+def qlinear_softmax(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = quantize(softmax(dequantize(X))) over `axis` (opset >= 13, the `opset` attribute)
+    or over the dims from `axis` on, flattened (opset < 13); exponentials in float64.
+
+    As in onnxruntime, the probabilities are multiplied by floor(1 / y_scale) (the same for
+    the 1/256 scale that quantization tools write).
+    """
+    op = "QLinearSoftmax"
+    if info.attrs.get("opset") is None:
+        raise ValueError(f"{op}: attribute 'opset' is required")
+    opset = int(info.attrs["opset"])
+    axis_attr = int(info.attrs.get("axis", -1 if opset >= 13 else 1))
+
+    def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
+        dt = _qtype(op, x, "X")
+        if y_scale is None or y_zero_point is None:
+            raise ValueError(f"{op}: y_scale and y_zero_point are required")
+        ydt = _qtype(op, y_zero_point, "y_zero_point")
+        if ydt != dt:
+            raise TypeError(f"{op}: X is {dt} but y_zero_point is {ydt}")
+        xs, ys = _scale(op, x_scale, "X_scale"), _scale(op, y_scale, "y_scale")
+        yz = _zp(op, y_zero_point, dt, "y_zero_point")
+        inverse_scale = np.floor(_F32.type(1) / ys)  # onnxruntime's: floor(1 / y_scale)
+        _zp(op, x_zero_point, dt, "x_zero_point")  # cancels out: checked only
+        if x.ndim == 0:
+            raise ValueError(f"{op}: X must have rank >= 1")
+        ax = norm_axis(axis_attr, x.ndim, op)
+        v = x.astype(_F64)
+        if opset < 13:
+            v = v.reshape(int(np.prod(x.shape[:ax], dtype=np.int64)), -1)
+            red = 1
+        else:
+            red = ax
+        if v.size == 0:
+            return x.copy()
+        v -= v.max(axis=red, keepdims=True)
+        v *= _F64.type(xs)
+        np.exp(v, out=v)
+        v *= inverse_scale / v.sum(axis=red, keepdims=True)
+        v += yz
+        return _saturate(v, dt).reshape(x.shape)
+
+    return run
+
+
+@kernel("QLinearAveragePool", since=1, domain=MS, factory=True,
+        variant="qlinearaveragepool.numpy")
+def qlinear_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = quantize(AveragePool(dequantize(X))) with AveragePool's attributes; channels_last=1
+    pools an (N, D1, ..., C) tensor. The pooling runs in float32 through AveragePool's kernel."""
+    from onnxkiln.providers.cpu.pool import average_pool
+
+    op = "QLinearAveragePool"
+    attrs = {k: v for k, v in info.attrs.items() if k != "channels_last"}
+    channels_last = bool(info.attrs.get("channels_last", 0))
+    if attrs.get("kernel_shape") is None:
+        raise ValueError(f"{op}: attribute 'kernel_shape' is required")
+    pool = average_pool(NodeInfo(name=info.name, op_type="AveragePool", domain="", opset=19,
+                                 attrs=attrs, n_inputs=1, n_outputs=1, input_present=(True,),
+                                 output_present=(True,)))
+
+    def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
+        dt = _qtype(op, x, "X")
+        if y_scale is None:
+            raise ValueError(f"{op}: y_scale is required")
+        if x.ndim < 3:
+            raise ValueError(f"{op}: X must have rank >= 3, got {x.shape}")
+        xs, ys = _scale(op, x_scale, "x_scale"), _scale(op, y_scale, "y_scale")
+        xz = _zp(op, x_zero_point, dt, "x_zero_point")
+        yz = _zp(op, y_zero_point, dt, "y_zero_point")
+        v = x.astype(_F32)
+        v -= _F32.type(xz)
+        v *= xs
+        if channels_last:
+            v = np.moveaxis(v, -1, 1)
+        y = pool(np.ascontiguousarray(v))
+        if channels_last:
+            y = np.moveaxis(y, 1, -1)
+        y = np.divide(y, ys, dtype=_F32)
+        y += _F32.type(yz)
+        return _saturate(y, dt)
+
+    return run
+
+
+@kernel("QLinearWhere", since=1, domain=MS, factory=True, variant="qlinearwhere.lut")
+def qlinear_where(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Z = where(condition, X, Y), X and Y requantized to z_scale / z_zero_point (256-entry
+    tables; copied when their parameters equal Z's); the three broadcast together."""
+    op = "QLinearWhere"
+    tables: dict[tuple, np.ndarray] = {}
+
+    def requant(v, s, z, dt, target, what) -> np.ndarray:
+        if v.dtype != dt:
+            raise TypeError(f"{op}: {what} is {v.dtype} but z_zero_point is {dt}")
+        key = (_scale(op, s, f"{what}_scale"), _zp(op, z, dt, f"{what}_zero_point"))
+        if key == target:
+            return v
+        table = tables.get((dt, *key, *target))
+        if table is None:
+            if len(tables) >= _MAX_TABLES:
+                tables.clear()
+            table = tables[(dt, *key, *target)] = _requant_table(dt, *key, *target, dt)
+        return _lookup(table, v)
+
+    def run(condition, x, x_scale, x_zero_point, y, y_scale, y_zero_point, z_scale,
+            z_zero_point) -> np.ndarray:
+        if condition.dtype != np.bool_:
+            raise TypeError(f"{op}: condition must be bool, got {condition.dtype}")
+        dt = _qtype(op, z_zero_point, "z_zero_point")
+        target = (_scale(op, z_scale, "z_scale"), _zp(op, z_zero_point, dt, "z_zero_point"))
+        xv = requant(x, x_scale, x_zero_point, dt, target, "x")
+        yv = requant(y, y_scale, y_zero_point, dt, target, "y")
+        try:
+            return np.where(condition, xv, yv)
+        except ValueError as e:
+            raise ValueError(f"{op}: condition {condition.shape}, X {x.shape} and Y {y.shape} "
+                             "do not broadcast") from e
 
     return run
