@@ -931,6 +931,11 @@ def test_qlinear_softmax_saturates_and_flattens():
     m = softmax_model(x1, F32(1), np.array(0, np.int8), F32(1 / 256), np.array(-128, np.int8),
                       13)
     np.testing.assert_array_equal(assert_matches_ort(m, {"X": x1})[0], [[127, -128, -128]])
+    x0 = np.zeros((0, 3), np.uint8)
+    for opset in (12, 13):  # no rows: an empty result, as onnxruntime
+        m = softmax_model(x0, F32(0.1), np.array(0, np.uint8), F32(1 / 256),
+                          np.array(0, np.uint8), opset, 1)
+        assert assert_matches_ort(m, {"X": x0})[0].shape == (0, 3)
     m = softmax_model(x3, F32(1), np.array(0, np.int8), F32(1 / 256), np.array(0, np.uint8), 13)
     with pytest.raises(KernelError, match="X is int8 but y_zero_point is uint8"):
         ours(m, {"X": x3})

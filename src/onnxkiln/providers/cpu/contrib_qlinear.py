@@ -396,14 +396,14 @@ def qlinear_softmax(info: NodeInfo) -> Callable[..., np.ndarray]:
         if x.ndim == 0:
             raise ValueError(f"{op}: X must have rank >= 1")
         ax = norm_axis(axis_attr, x.ndim, op)
+        if x.size == 0:
+            return x.copy()
         v = x.astype(_F64)
         if opset < 13:
             v = v.reshape(int(np.prod(x.shape[:ax], dtype=np.int64)), -1)
             red = 1
         else:
             red = ax
-        if v.size == 0:
-            return x.copy()
         v -= v.max(axis=red, keepdims=True)
         v *= _F64.type(xs)
         np.exp(v, out=v)
