@@ -249,6 +249,20 @@ def test_check_reports_opsets_and_placement(model_path, capsys):
     assert doc["nodes_per_provider"] == {"cpu": doc["nodes"]} and doc["fallback"] == []
 
 
+def test_info_and_check_show_the_files_opsets_not_the_fused_graphs(fused_path, capsys):
+    """The optimizer's fused op imports a domain the file does not: neither command shows it."""
+    declared = {i.domain or "ai.onnx": i.version for i in onnx.load(fused_path).opset_import}
+    session = onnxkiln.InferenceSession(fused_path)
+    assert [n.op_type for n in session.graph()] == ["FusedGemm"]
+    assert session.model_metadata().opset_imports == {"": 21}
+    for argv in (["info", fused_path, "--json"], ["check", fused_path, "--device", "cpu",
+                                                  "--json"]):
+        code, out, _ = _run(argv, capsys)
+        assert code == 0 and json.loads(out)["opsets"] == declared == {"ai.onnx": 21}
+    code, out, _ = _run(["check", fused_path, "--device", "cpu"], capsys)
+    assert "opsets ai.onnx 21;" in out
+
+
 def test_check_lists_every_unsupported_op_and_exits_1(tmp_path, capsys):
     nodes = [helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.ops", name="a"),
              helper.make_node("AlsoMissing", ["y"], ["z"], domain="example.ops", name="b")]

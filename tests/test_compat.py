@@ -956,3 +956,54 @@ def test_warnings_are_python_warnings_not_prints(two_branch_path, capsys):
         rt.InferenceSession(two_branch_path, providers=["CoreMLExecutionProvider"])
     assert any("CoreMLExecutionProvider" in str(w.message) for w in caught)
     assert capsys.readouterr().out == ""
+
+
+# --- what exporters write: negative dims, loose dim names, model versions ---------------------
+def _paddle_like() -> onnx.ModelProto:
+    """x: float32[-1, 3, ?, ?] (paddle2onnx's spelling) and y: float32[?] added to it."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?"])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [-1, 3, "?", "?"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_negative_dims_and_repeated_dim_names_as_on_onnxruntime():
+    model = _paddle_like()
+    ours, theirs = rt.InferenceSession(model.SerializeToString(), providers=CPU), _ort(model)
+    assert _args(ours.get_inputs()) == _args(theirs.get_inputs()) == [
+        ("x", "tensor(float)", [None, 3, "?", "?"]), ("y", "tensor(float)", ["?"])]
+    assert _args(ours.get_outputs()) == _args(theirs.get_outputs())
+    x = np.arange(2 * 3 * 2 * 4, dtype=np.float32).reshape(2, 3, 2, 4)
+    for y in (np.ones(4, np.float32), np.ones(1, np.float32)):  # '?' differs from x's '?'s
+        np.testing.assert_array_equal(ours.run(None, {"x": x, "y": y})[0],
+                                      theirs.run(None, {"x": x, "y": y})[0])
+    with pytest.raises(Exception, match="broadcast") as mine:
+        ours.run(None, {"x": x, "y": np.ones(3, np.float32)})
+    with pytest.raises(Exception, match="broadcast"):
+        theirs.run(None, {"x": x, "y": np.ones(3, np.float32)})
+    assert "Add" in str(mine.value)
+
+
+@pytest.mark.parametrize("version", [None, 0, 5])
+def test_model_version_as_onnxruntime_reports_it(version):
+    model = _paddle_like()
+    if version is not None:
+        model.model_version = version
+    ours = rt.InferenceSession(model.SerializeToString(), providers=CPU).get_modelmeta()
+    assert ours.version == _ort(model).get_modelmeta().version
+    assert ours.version == (2 ** 63 - 1 if version is None else version)
+
+
+def test_numpy_str_and_bytes_arrays_feed_string_inputs_through_compat():
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ours = rt.InferenceSession(model.SerializeToString(), providers=CPU)
+    text = np.array(["a", "b\u00e9"])
+    (want,) = _ort(model).run(None, {"x": text})
+    for given in (text, np.char.encode(text, "utf-8")):
+        assert ours.run(None, {"x": given})[0].tolist() == want.tolist() == ["a", "b\u00e9"]

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 import onnxkiln as ok
 from onnxkiln import decode, zoo
-from onnxkiln.testing import make_model, tensor_info
+from onnxkiln.testing import make_model, ort_session, tensor_info
 
 CFG = zoo.GptConfig(layers=2, hidden=32, heads=4)
 HEADS, DIM = CFG.heads, CFG.hidden // CFG.heads
@@ -350,14 +350,46 @@ def test_bad_plain_input_on_a_replayed_step_raises_as_without_the_memo(gpt):
     assert "did you mean 'input_ids'" in got[2][1]
 
 
-def test_bound_dims_are_still_checked_on_replays():
+def _seq_differs(s):
+    """After a few replays: position (bound) 2 long, input_ids (plain) 1 long, though both
+    declare 'seq'; the mask 10 long, as the concatenated keys will be."""
+    toy = Toy(s)
+    toy.loop(3)
+    past = toy.kv.read()
+    toy.pos.set_logical_shape((1, 2))
+    toy.pos.write(np.array([[8, 9]]))
+    toy.mask.set_logical_shape((1, 10))
+    feeds = {"input_ids": np.array([[1]]), "position": toy.pos.read(), "past_k": past,
+             "mask": toy.mask.read(), "scale": SCALE}
+    return s.run_with_device_bindings({"input_ids": np.array([[1]])}, toy.binds)[0], feeds
+
+
+def test_equal_named_dims_that_differ_replay_as_onnxruntime_runs_them():
+    s = _session(_toy_model())
+    y, feeds = _seq_differs(s)
+    assert s.decode_memo_counts() == (1, 1, 3, 0)  # no refusal, no rebuild
+    np.testing.assert_allclose(y, ort_session(_toy_model()).run(["y"], feeds)[0], rtol=1e-6)
+    np.testing.assert_array_equal(y, _seq_differs(_session(_toy_model(), decode_memo="0"))[0])
+
+
+def test_a_real_conflict_of_bound_dims_fails_in_the_kernel_as_without_the_memo():
+    def conflict(s):
+        toy = Toy(s)
+        toy.loop(3)
+        toy.pos.set_logical_shape((1, 2))  # the keys grow by 2, the mask by 1
+        with pytest.raises(ok.KernelError) as e:
+            s.run_with_device_bindings({"input_ids": np.array([[1]])}, toy.binds)
+        return str(e.value)
+
+    text = conflict(_session(_toy_model()))
+    assert "Mul" in text and "broadcast" in text
+    assert text == conflict(_session(_toy_model(), decode_memo="0"))
+
+
+def test_bound_static_dims_are_still_checked_on_replays():
     s = _session(_toy_model())
     toy = Toy(s)
     toy.loop(3)
-    toy.pos.set_logical_shape((1, 2))  # 'seq' = 2 from position, 1 from input_ids
-    with pytest.raises(ok.ShapeError, match="dim 'seq' = 1 from input 'input_ids'.*position"):
-        s.run_with_device_bindings({"input_ids": np.array([[1]])}, toy.binds)
-    toy.pos.set_logical_shape((1, 1))
     kv = s.allocate_device_binding("scale", None, ok.DataType.FLOAT, (W + 1,), (W + 1,))
     toy.binds[3] = kv
     with pytest.raises(ok.ShapeError, match="input 'scale' expects dim 4 at axis 0"):

@@ -23,7 +23,7 @@ from onnxkiln import (
     ShapeError,
     UnknownOptionError,
 )
-from onnxkiln.testing import make_model, tensor_info
+from onnxkiln.testing import make_model, ort_session, tensor_info
 
 
 def _two_input_model() -> onnx.ModelProto:
@@ -161,11 +161,15 @@ def test_rank_and_static_dim_mismatch(session):
         session.run({"a": A[:, :2], "b": B})
 
 
-def test_symbolic_dim_bound_twice_names_both_inputs(session):
-    with pytest.raises(ShapeError) as info:
-        session.run({"a": A, "b": B[:1]})
-    text = str(info.value)
-    assert "dim 'batch' = 2 from input 'a' (axis 0)" in text and "1 in input 'b' (axis 0)" in text
+def test_equal_named_dims_may_differ_as_on_onnxruntime(session):
+    """'batch' in both inputs is no contract: (2, 3) + (1, 3) broadcasts, as onnxruntime runs
+    it; sizes that cannot broadcast fail in the Add, not in validation."""
+    theirs = ort_session(_two_input_model())
+    for feeds in ({"a": A, "b": B[:1]}, {"a": A[:1], "b": B}):
+        for got, want in zip(session.run(feeds), theirs.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(KernelError, match=r"node 'add'.*broadcast"):
+        session.run({"a": A, "b": np.ones((3, 3), np.float32)})
 
 
 def test_inputs_outputs_metadata(session):
@@ -459,3 +463,90 @@ def test_pasted_onnxruntime_code_runs_and_matches_onnxruntime(tmp_path):
     for names in (None, ["z"], ["z", "y"]):
         for got, want in zip(ours.run(names, feeds), theirs.run(names, feeds), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def _negative_dims_model() -> onnx.ModelProto:
+    """Relu and Shape of x: float32[-1, 3, ?, ?] as paddle2onnx declares it."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [-1, 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [-1, 3, "?", "?"])
+    shape = helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]),
+                               helper.make_node("Shape", ["x"], ["shape"])], "g", [x], [y, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("level", ["disabled", "all"])
+def test_negative_dims_mean_any_size_as_on_onnxruntime(level):
+    model = _negative_dims_model()
+    s = InferenceSession.builder().optimization(level).from_graph(model)
+    assert [m.shape for m in (*s.inputs(), *s.outputs())] == [
+        (None, 3, "?", "?"), (None, 3, "?", "?"), (4,)]
+    theirs = ort_session(model)
+    assert [m.shape for m in theirs.get_inputs()] == [[None, 3, "?", "?"]]
+    for batch in (1, 4):
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 3, 2, 5), np.float32)}
+        for got, want in zip(s.run(feeds), theirs.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(got, want)  # Shape is not folded to [-1, 3, ...]
+    with pytest.raises(ShapeError, match="expects dim 3 at axis 1"):
+        s.run({"x": np.zeros((1, 2, 2, 5), np.float32)})
+
+
+def _strings_model() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [None])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [None])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_numpy_str_and_bytes_arrays_feed_string_inputs():
+    """`U` arrays as onnxruntime takes them; `S` arrays decode as UTF-8 (onnxruntime reads
+    them as the same text given as str objects should be)."""
+    s = InferenceSession.from_graph(_strings_model())
+    theirs = ort_session(_strings_model())
+    text = np.array(["a", "\u00e9t\u00e9", ""])
+    (want,) = theirs.run(None, {"x": text})
+    for given in (text, np.char.encode(text, "utf-8"), text.astype(object)):
+        (got,) = s.run({"x": given})
+        assert got.dtype == object and [type(v) for v in got] == [str] * 3
+        assert got.tolist() == want.tolist() == ["a", "\u00e9t\u00e9", ""]
+    with pytest.raises(InvalidInputError, match=r"input 'x'.*element \[1\] is not UTF-8"):
+        s.run({"x": np.array([b"ok", b"\xff"])})
+    with pytest.raises(InvalidInputError, match="cast it with x.astype"):
+        s.run({"x": np.zeros(2, np.float32)})
+
+
+def test_numpy_str_and_bytes_arrays_feed_a_sequence_of_strings():
+    seq = helper.make_tensor_sequence_value_info("s", onnx.TensorProto.STRING, [None])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [None])
+    index = helper.make_tensor("i", onnx.TensorProto.INT64, [], [1])
+    graph = helper.make_graph([helper.make_node("SequenceAt", ["s", "i"], ["y"])], "g", [seq],
+                              [y], [index])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    items = [np.array(["a"]), np.array(["b\u00e9", "c"])]
+    (want,) = ort_session(model).run(None, {"s": items})
+    s = InferenceSession.from_graph(model)
+    for given in (items, [np.char.encode(a, "utf-8") for a in items]):
+        (got,) = s.run({"s": given})
+        assert got.dtype == object and got.tolist() == want.tolist() == ["b\u00e9", "c"]
+
+
+def test_model_metadata_version_and_opsets_as_the_file_says():
+    """No model_version: INT64_MAX, as onnxruntime reports; opsets are the file's, not those
+    fusions add (Gelu fused into an onnxkiln/com.microsoft op)."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    c = {n: helper.make_tensor(n, onnx.TensorProto.FLOAT, [], [v])
+         for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))}
+    nodes = [helper.make_node(op, ins, [out]) for op, ins, out in (
+        ("Div", ["x", "sqrt2"], "d"), ("Erf", ["d"], "e"), ("Add", ["e", "one"], "p"),
+        ("Mul", ["x", "p"], "m"), ("Mul", ["m", "half"], "y"))]
+    graph = helper.make_graph(nodes, "g", [x], [y], list(c.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    s = InferenceSession.from_graph(model)
+    assert len(list(s.graph())) == 1  # fused
+    meta = s.model_metadata()
+    assert meta.opset_imports == {"": 17}
+    assert meta.model_version == ort_session(model).get_modelmeta().version == 2 ** 63 - 1
+    model.model_version = 0
+    assert InferenceSession.from_graph(model).model_metadata().model_version == 0
+

@@ -4,8 +4,8 @@ A decode loop through persistent bindings changes only logical lengths from step
 The memo keys one specialisation on the binding layout (each binding's names, identity,
 dtype and physical shape) and the (dtype, shape) of every plain input, the bindings'
 logical shapes abstracted. A step with the memo's key (`replayed`) skips the validation of
-bound inputs (their dtype was checked at allocation; the symbolic and static dims they
-share with the model are still compared, cheaply), the specialisation-cache lookup and the
+bound inputs (their dtype was checked at allocation; the static dims the model declares
+are still compared, cheaply), the specialisation-cache lookup and the
 binding-plan lookup; plain inputs are still converted and checked one by one, with the
 errors of the ordinary path. A step with another key builds anew on the ordinary path
 (`primed` the first time, `rebuilt` after).
@@ -49,13 +49,12 @@ class _Entry:
     """The memo's one specialisation: what a replayed step reuses."""
 
     __slots__ = ("appended", "bindings", "checks", "compiled", "input_slots", "key",
-                 "plain_slot", "shapes", "symbols", "template", "view_plan", "views")
+                 "plain_slot", "shapes", "template", "view_plan", "views")
 
     def __init__(self, key: tuple, bindings: Sequence[DeviceIoBinding], compiled: CompiledPlan,
                  appended: frozenset[str], template: list[Any], plain_slot: dict[str, int],
                  input_slots: list[int | None], views: list[Any],
-                 shapes: list[tuple[int, ...]], checks: list[tuple[int, int, int]],
-                 symbols: list[list[tuple[int, int]]]) -> None:
+                 shapes: list[tuple[int, ...]], checks: list[tuple[int, int, int]]) -> None:
         self.key = key
         self.bindings = tuple(bindings)  # held: their ids cannot be reused while in the key
         self.compiled = compiled
@@ -66,7 +65,6 @@ class _Entry:
         self.views = views
         self.shapes = shapes
         self.checks = checks
-        self.symbols = symbols
         self.view_plan: tuple[frozenset[int], CompiledPlan | None, int] | None = None
 
 
@@ -203,10 +201,10 @@ class DecodeMemo:
         template = list(values)
         for pos in (*plain_slot.values(), *(p for p in input_slots if p is not None)):
             template[pos] = None
-        checks, symbols = _dim_checks(self._validator, input_slots, values)
+        checks = _dim_checks(self._validator, input_slots)
         key = (_layout(bindings), _plain_key(self._validator, plain_slot, values))
         return _Entry(key, bindings, compiled, appended, template, plain_slot, input_slots,
-                      list(views), shapes, checks, symbols)
+                      list(views), shapes, checks)
 
     def _plain(self, entry: _Entry, feeds: dict[str, Any]) -> tuple[list[Any], tuple]:
         """The template with the plain inputs converted and checked, and their key part."""
@@ -233,7 +231,7 @@ class DecodeMemo:
             else:
                 values[pos] = entry.views[i] = b.view()
                 entry.shapes[i] = shapes[i]
-        if entry.checks or entry.symbols:
+        if entry.checks:
             self._check_dims(entry, values, shapes)
         key = frozenset(stable)
         plan = entry.view_plan
@@ -257,16 +255,12 @@ class DecodeMemo:
 
     def _check_dims(self, entry: _Entry, values: list[Any], shapes: list[tuple[int, ...]]
                     ) -> None:
-        """The model's dims on bound inputs, as full validation would check them: fixed
-        sizes (static dims, symbols a plain input sets) and symbols only bindings share."""
-        ok = all(shapes[i][axis] == want for i, axis, want in entry.checks) and all(
-            shapes[i][axis] == shapes[group[0][0]][group[0][1]]
-            for group in entry.symbols for i, axis in group[1:])
-        if not ok:  # the ordinary path's error: static dims first, then symbols
-            for pos in entry.input_slots:
+        """The model's static dims on bound inputs, as full validation checks them (named
+        dims are no contract: equal names may hold different sizes)."""
+        if not all(shapes[i][axis] == want for i, axis, want in entry.checks):
+            for pos in entry.input_slots:  # the ordinary path's error
                 if pos is not None:
                     self._validator.check_shape(pos, values[pos])
-            self._validator.check_symbols(values)
 
     def _verified(self, entry: _Entry, values: list[Any], feeds: dict[str, Any],
                   bindings: list[DeviceIoBinding], trace: TraceContext | None,
@@ -419,35 +413,17 @@ def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list
     return tuple(key)
 
 
-def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None], values: list[Any]
-                ) -> tuple[list[tuple[int, int, int]], list[list[tuple[int, int]]]]:
-    """What replays check on bound inputs' logical shapes: (binding, axis, size) for static
-    dims and for symbols a plain input also carries (its shape is in the key, so the size
-    is fixed), and groups of (binding, axis) sharing a symbol no plain input carries."""
-    binding_of = {pos: i for i, pos in enumerate(input_slots) if pos is not None}
-    fixed: dict[str, int] = {}
-    shared: dict[str, list[tuple[int, int]]] = {}
-    checks: list[tuple[int, int, int]] = []
-    for spec in validator.specs:
-        value = values[spec.position]
-        if spec.meta.shape is None or value is None or not hasattr(value, "shape"):
-            continue
-        i = binding_of.get(spec.position)
-        for axis, dim in enumerate(spec.meta.shape):
-            if i is None:
-                if isinstance(dim, str):
-                    fixed[dim] = int(value.shape[axis])
-            elif isinstance(dim, int):
-                checks.append((i, axis, dim))
-            elif isinstance(dim, str):
-                shared.setdefault(dim, []).append((i, axis))
-    symbols = []
-    for dim, axes in shared.items():
-        if dim in fixed:
-            checks.extend((i, axis, fixed[dim]) for i, axis in axes)
-        elif len(axes) > 1:
-            symbols.append(axes)
-    return checks, symbols
+def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None]
+                ) -> list[tuple[int, int, int]]:
+    """What replays check on bound inputs' logical shapes: (binding, axis, size) for each
+    static dim the model declares."""
+    checks = []
+    for i, pos in enumerate(input_slots):
+        shape = None if pos is None else validator.specs[pos].meta.shape
+        if shape is not None:
+            checks.extend((i, axis, dim) for axis, dim in enumerate(shape)
+                          if isinstance(dim, int))
+    return checks
 
 
 def _host(provider: Any, value: Any, copy: bool = False) -> Any:

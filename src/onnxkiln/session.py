@@ -74,6 +74,7 @@ from onnxkiln.validation import InputValidator, closest_name
 __all__ = ["InferenceSession", "SessionBuilder"]
 
 _MAX_PRUNED = 16  # compiled plans kept for run(outputs=...) subsets
+_INT64_MAX = (1 << 63) - 1  # the model version onnxruntime reports when none is set
 _BUILDER_KEYWORDS = ("device", "providers", "optimization", "intra_op_threads", "options",
                      "trace", "warmup", "memory_limit")
 
@@ -109,6 +110,7 @@ class InferenceSession:
                model_dir: str | os.PathLike | None = None) -> None:
         """Optimize, place, plan and compile `model` (SessionBuilder calls this)."""
         self._options = dict(config._options)
+        self._declared_opsets = dict(model.opset_imports)  # fusions may import more
         self._ep_config = ep_context.ep_context_config(self._options, model_path)
         if ep_context_load.has_ep_context(model):  # a dumped context model: load its partitions
             placement = with_context_providers(placement)
@@ -571,18 +573,19 @@ class InferenceSession:
         return list(self._outputs)
 
     def model_metadata(self) -> ModelMetadata:
-        """Producer, versions, doc string, metadata props and opset imports."""
+        """Producer, versions, doc string, metadata props and the opsets the model imports
+        (model_version: INT64_MAX when it sets none, as onnxruntime reports)."""
         m = self._model
         return ModelMetadata(
             ir_version=m.ir_version,
             producer_name=m.producer_name or "",
             producer_version=m.producer_version or "",
             domain=m.domain or "",
-            model_version=m.model_version or 0,
+            model_version=_INT64_MAX if m.model_version is None else m.model_version,
             doc_string=m.doc_string or "",
             graph_name=m.graph.name or "",
             metadata_props=dict(m.metadata_props),
-            opset_imports=dict(m.opset_imports),
+            opset_imports=dict(self._declared_opsets),
         )
 
     def graph(self) -> ir.Graph:
@@ -683,7 +686,8 @@ def _io_meta(model: ir.Model, value: ir.Value, optional: bool = False) -> IoMeta
     dtype = DataType(value.dtype) if value.dtype is not None else DataType.UNDEFINED
     shape = None
     if value.shape is not None and kind == "tensor":
-        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+        shape = tuple((d if d >= 0 else None) if isinstance(d, int) else d.value
+                      for d in value.shape)  # negative: any size, as onnxruntime reads it
     return IoMeta(value.name or "", dtype, shape, kind, optional)
 
 

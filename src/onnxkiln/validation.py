@@ -94,7 +94,6 @@ class InputValidator:
                     f"missing required input '{name}' ({spec.meta}); the model requires "
                     f"{required}"
                 )
-        self.check_symbols(values)
         signature = tuple(
             (v.dtype, v.shape) if isinstance(v, np.ndarray)
             else (v.dtype, tuple(v.shape)) if self.device is not None and hasattr(v, "shape")
@@ -167,12 +166,12 @@ class InputValidator:
         else:
             array = _from_python(raw, expected, meta)
         if expected is not None and array.dtype != expected:
-            if not (expected.kind == "O" and array.dtype.kind in "UO"):
+            if not (expected.kind == "O" and array.dtype.kind in "USO"):
                 raise InvalidInputError(
                     f"input '{meta.name}' expects {meta.dtype} ({meta}), got {_describe(array)}; "
                     f"cast it with x.astype({_np_name(expected)})"
                 )
-            array = array.astype(object)
+            array = _strings(array, meta)
         _check_shape(meta, array)
         return array
 
@@ -189,23 +188,6 @@ class InputValidator:
     def check_shape(self, position: int, value: Any) -> None:
         """Raise ShapeError when `value` does not fit the static dims of input `position`."""
         _check_shape(self.specs[position].meta, value)
-
-    def check_symbols(self, values: list[Any]) -> None:
-        seen: dict[str, tuple[int, str, int]] = {}
-        for spec, value in zip(self.specs, values):
-            shape = spec.meta.shape
-            if shape is None or not hasattr(value, "shape"):
-                continue
-            for axis, dim in enumerate(shape):
-                if not isinstance(dim, str):
-                    continue
-                size = value.shape[axis]
-                first = seen.setdefault(dim, (size, spec.meta.name, axis))
-                if first[0] != size:
-                    raise ShapeError(
-                        f"dim '{dim}' = {first[0]} from input '{first[1]}' (axis {first[2]}) "
-                        f"but {size} in input '{spec.meta.name}' (axis {axis})"
-                    )
 
 
 def closest_name(name: str, names: Sequence[str]) -> str | None:
@@ -253,6 +235,8 @@ def _element(spec: InputSpec, item: Any, index: int) -> Any:
         return item
     expected = spec.np_dtype
     array = _plain(item) if isinstance(item, np.ndarray) else np.asarray(item, dtype=expected)
+    if expected is not None and expected.kind == "O" and array.dtype.kind in "US":
+        return _strings(array, spec.meta)
     if expected is not None and array.dtype != expected and expected.kind != "O":
         raise InvalidInputError(
             f"input '{spec.meta.name}' element {index} expects {spec.meta.dtype}, got "
@@ -291,7 +275,7 @@ def _from_python(raw: Any, expected: np.dtype | None, meta: IoMeta) -> np.ndarra
     if expected is None or natural.dtype == expected:
         return natural
     if natural.dtype.kind in "US" and expected.kind == "O":
-        return natural.astype(object)
+        return _strings(natural, meta)
     if natural.size == 0 or np.can_cast(natural.dtype, expected, casting="same_kind") or (
             natural.dtype.kind in "iu" and expected.kind in "iu"):
         return _cast_exactly(natural, expected, meta)
@@ -299,6 +283,22 @@ def _from_python(raw: Any, expected: np.dtype | None, meta: IoMeta) -> np.ndarra
         f"input '{meta.name}' expects {meta.dtype}, got Python values of kind "
         f"{natural.dtype}; convert them first"
     )
+
+
+def _strings(array: np.ndarray, meta: IoMeta) -> np.ndarray:
+    """A string tensor as onnxruntime holds it: an object array of str; numpy bytes (`S`)
+    decode as UTF-8."""
+    if array.dtype.kind != "S":
+        return array.astype(object)
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        try:
+            out[index] = item.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(
+                f"input '{meta.name}' ({meta}): element {list(index)} is not UTF-8 text: "
+                f"{e}") from e
+    return out
 
 
 def _cast_exactly(natural: np.ndarray, expected: np.dtype, meta: IoMeta) -> np.ndarray:

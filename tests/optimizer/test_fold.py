@@ -172,3 +172,20 @@ def test_reshape_target_from_another_values_dims_stays(harness, rng):
     feeds = {"x": _x(rng, 3, 5, 8), "other": _x(rng, 3, 5, 8)}
     model = harness.check(harness.parse(_view_heads("other")), feeds, "basic")
     assert harness.ops(model) == {"Shape": 1, "Slice": 1, "Concat": 1, "Reshape": 1}
+
+
+def test_reshape_target_from_another_input_sharing_the_dim_names_stays(harness, rng):
+    """B and S name axes of both inputs, but inputs may differ there (onnxruntime runs them):
+    copying x's dims would reshape (3, 10, 8) to (3, 10, 2, 4) instead of (6, 5, 2, 4)."""
+    text = _view_heads("other").replace("float[B2,S2,8] other", "float[B,S,8] other")
+    feeds = {"x": _x(rng, 3, 10, 8), "other": _x(rng, 6, 5, 8)}
+    model = harness.check(harness.parse(text), feeds, "basic")
+    assert harness.ops(model) == {"Shape": 1, "Slice": 1, "Concat": 1, "Reshape": 1}
+    assert harness.run(model, feeds)[0].shape == (6, 5, 2, 4)
+
+
+def test_reshape_target_from_a_value_derived_from_the_input_still_folds(harness, rng):
+    text = _view_heads("r").replace("s = Shape(r)", "r = Relu(x)\n        s = Shape(r)")
+    feeds = {"x": _x(rng, 3, 5, 8), "other": _x(rng, 1, 1, 8)}
+    model = harness.check(harness.parse(text), feeds, "basic")
+    assert harness.ops(model) == {"Reshape": 1}  # the Relu only fed the shape: dead

@@ -43,7 +43,7 @@ class ModelInfo:
             domain=proto.domain,
             description=proto.doc_string,
             graph_description=g.doc_string,
-            version=proto.model_version,
+            version=proto.model_version if proto.HasField("model_version") else (1 << 63) - 1,
             custom_metadata_map={p.key: p.value for p in proto.metadata_props},
         )
         outs = list(g.output)
@@ -115,7 +115,7 @@ def _node_arg(vi: onnx.ValueInfoProto, meta: IoMeta | None) -> NodeArg:
     if kind == "optional_type" and t.optional_type.elem_type.WhichOneof("value") == "tensor_type":
         tensor = t.optional_type.elem_type.tensor_type
     if tensor is not None and tensor.HasField("shape"):
-        shape = [d.dim_value if d.HasField("dim_value")
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                  else d.dim_param if d.HasField("dim_param") else None
                  for d in tensor.shape.dim]
     elif kind in (None, "tensor_type") and meta is not None and meta.kind == "tensor" \

@@ -116,6 +116,7 @@ def optimize(
 
         registries = (REGISTRY,)
     ctx = Context(model, registries, portable)
+    fold.forget_negative_dims(ctx)
     if level != "disabled" and not _names_pinned(model):
         schedule = _Schedule(ctx)
         for p in (fold.lift_constants, fold.infer_shapes, eliminate.eliminate_identities):

@@ -30,7 +30,8 @@ from onnxkiln.optimizer._graph import (
 from onnxkiln.optimizer.eliminate import RANDOM_OPS
 from onnxkiln.skeleton import skeleton
 
-__all__ = ["evaluate", "fold_constants", "infer_shapes", "lift_constants", "to_initializer"]
+__all__ = ["evaluate", "fold_constants", "forget_negative_dims", "infer_shapes", "lift_constants",
+           "to_initializer"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,22 @@ def to_initializer(ctx: Context, graph: ir.Graph, old: ir.Value, array: np.ndarr
                      const_value=ir.Tensor(array))
     graph.register_initializer(value)
     old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+
+def forget_negative_dims(ctx: Context) -> bool:
+    """Make negative declared dims (paddle2onnx writes -1 for "any size") unknown, as
+    onnxruntime reads them, so no pass takes them for sizes."""
+    changed = False
+    for graph in ctx.graphs():
+        values = [*graph.inputs, *graph.outputs, *(v for n in graph for v in n.outputs)]
+        for value in values:
+            shape = value.shape
+            if shape is None or not any(isinstance(d, int) and d < 0 for d in shape):
+                continue
+            value.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d
+                                    for d in shape])
+            changed = True
+    return changed
 
 
 def infer_shapes(ctx: Context) -> bool:

@@ -7,9 +7,10 @@ a" when shape inference left that dim symbolic. Then
 - a shape value whose elements are all known folds to a constant (static shapes);
 - a Reshape target whose unknown elements are all "dim i of a" at position i, where the
   reshaped tensor's dim i is provably the same (same int, or same named symbol from shape
-  inference), becomes a constant with 0 ("copy dim i") there: `x.view(b, s, heads, dh)`
-  exports as Reshape(x, Concat(Slice(Shape(y), 0, 2), [heads, dh])) and turns into
-  Reshape(x, [0, 0, heads, dh]), so its Shape/Slice/Concat die.
+  inference that the graph inputs declare at most once: a name several input axes share is
+  no promise of equal sizes), becomes a constant with 0 ("copy dim i") there:
+  `x.view(b, s, heads, dh)` exports as Reshape(x, Concat(Slice(Shape(y), 0, 2), [heads, dh]))
+  and turns into Reshape(x, [0, 0, heads, dh]), so its Shape/Slice/Concat die.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def fold_reshape_targets(ctx: Context) -> bool:
     """Turn Reshape targets built from the input's own symbolic dims into constants."""
     changed = False
     memo: dict = {}  # one per sweep: this pass changes no traced value
+    loose = _shared_input_dims(ctx.model.graph)
     for graph in ctx.graphs():
         for node in nodes_of(graph, "Reshape"):
             if node.graph is not graph or not is_onnx(node, "Reshape") or \
@@ -163,7 +165,7 @@ def fold_reshape_targets(ctx: Context) -> bool:
             traced = _trace(ctx, target, memo)
             if traced is None or traced[1]:
                 continue
-            dims = [_as_copy(d, i, x) for i, d in enumerate(traced[0])]
+            dims = [_as_copy(d, i, x, loose) for i, d in enumerate(traced[0])]
             if any(d is None for d in dims):
                 continue
             value = ctx.initializer(graph, f"{node.name or 'reshape'}_shape",
@@ -174,7 +176,20 @@ def fold_reshape_targets(ctx: Context) -> bool:
     return changed
 
 
-def _as_copy(d: Dim, i: int, x: ir.Value) -> int | None:
+def _shared_input_dims(graph: ir.Graph) -> set[str]:
+    """Dim names the graph's inputs declare at more than one axis (onnxruntime runs inputs
+    whose equal-named dims differ, so such a name does not prove two sizes equal)."""
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for value in graph.inputs:
+        for d in value.shape or ():
+            name = None if isinstance(d, int) else d.value
+            if name is not None:
+                (shared if name in seen else seen).add(name)
+    return shared
+
+
+def _as_copy(d: Dim, i: int, x: ir.Value, loose: set[str]) -> int | None:
     """The constant to put at target position i: the int itself, or 0 (copy x's dim i) for a
     symbolic dim known to equal x's dim i; None when neither holds."""
     if isinstance(d, int):
@@ -184,6 +199,7 @@ def _as_copy(d: Dim, i: int, x: ir.Value) -> int | None:
         return None
     mine, theirs = x.shape[i], a.shape[j]
     if a is x or (not isinstance(mine, int) and not isinstance(theirs, int) and
-                  mine.value is not None and mine.value == theirs.value):
+                  mine.value is not None and mine.value == theirs.value and
+                  mine.value not in loose):
         return 0
     return None
