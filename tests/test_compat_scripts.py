@@ -159,3 +159,26 @@ def test_optimum_style_feature_extraction_script(tmp_path, monkeypatch):
                                    err_msg=name)
     np.testing.assert_array_equal(ours["hidden_only"], ours["last_hidden_state"])
     np.testing.assert_array_equal(ours["bound_hidden"], ours["last_hidden_state"])
+
+
+def test_unchanged_script_under_python_m_onnxkiln_compat(tmp_path, monkeypatch):
+    """The script keeps `import onnxruntime as rt` and runs on onnxkiln all the same."""
+    import subprocess
+    import sys
+
+    from onnxkiln import zoo
+
+    onnx.save(zoo.bert_encoder(), tmp_path / "bert_encoder.onnx")
+    script = tmp_path / "feature_extraction.py"
+    script.write_text(OPTIMUM_SCRIPT + (
+        "\nnp.savez('out.npz', embeddings=embeddings, bound_hidden=bound_hidden)"
+        "\nprint(rt.__name__, rt.__version__)\n"))
+    done = subprocess.run([sys.executable, "-m", "onnxkiln.compat", str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["onnxkiln.compat", "1.32.0"]
+    ours = np.load(tmp_path / "out.npz")
+    theirs = _run(OPTIMUM_SCRIPT, ORT_IMPORT, tmp_path, monkeypatch)
+    for name in ("embeddings", "bound_hidden"):
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)

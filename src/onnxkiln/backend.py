@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
+from onnxkiln.errors import InvalidOptionError, ModelLoadError
 from onnxkiln.session import InferenceSession
 
 __all__ = ["OnnxkilnBackend", "OnnxkilnRep", "prepare", "run_model", "run_node", "supports_device"]
@@ -38,12 +40,22 @@ class OnnxkilnBackend(Backend):
     """The onnx backend API: prepare / run_model / run_node / supports_device."""
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> OnnxkilnRep:
-        """Build a session for `model` on `device` ("CPU"; "CUDA" when a provider exists)."""
+    def prepare(cls, model: onnx.ModelProto | str | os.PathLike | bytes, device: str = "CPU",
+                **kwargs: Any) -> OnnxkilnRep:
+        """Build a session for `model` (a ModelProto, a model path or its serialized bytes)
+        on `device` ("CPU")."""
         if not cls.supports_device(device):
-            raise RuntimeError(f"onnxkiln backend does not support device {device!r}")
+            raise InvalidOptionError(f"onnxkiln backend does not support device {device!r}")
         builder = InferenceSession.builder().device("cpu")
-        return OnnxkilnRep(builder.from_graph(model))
+        if isinstance(model, str | os.PathLike):
+            return OnnxkilnRep(builder.load(model))
+        if isinstance(model, bytes | bytearray | memoryview):
+            return OnnxkilnRep(builder.load_bytes(bytes(model)))
+        if isinstance(model, onnx.ModelProto):
+            return OnnxkilnRep(builder.from_graph(model))
+        raise ModelLoadError(
+            f"prepare: give a model path, its bytes or an onnx.ModelProto, got "
+            f"{type(model).__name__}")
 
     @classmethod
     def run_model(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from onnxkiln.compat._errors import ort_errors_class
 from onnxkiln.compat._values import (
     OrtValue,
     check_cpu_device,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["IOBinding"]
 
 
+@ort_errors_class
 class IOBinding:
     """Inputs and outputs bound ahead of `InferenceSession.run_with_iobinding`.
 

@@ -8,8 +8,13 @@ import enum
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import numpy as np
+
+from onnxkiln.compat._errors import NotImplemented as OrtNotImplemented
+from onnxkiln.compat._errors import ort_errors, ort_errors_class
 from onnxkiln.errors import InvalidOptionError, UnknownOptionError
 
 __all__ = [
@@ -68,6 +73,7 @@ class ExecutionOrder(enum.IntEnum):
     MEMORY_EFFICIENT = 2
 
 
+@ort_errors_class
 class SessionOptions:
     """onnxruntime's session options; `InferenceSession` copies them at construction.
 
@@ -91,6 +97,10 @@ class SessionOptions:
 
     __slots__ = (
         "_config",
+        "_dim_denotations",
+        "_dim_names",
+        "_external_files",
+        "_initializers",
         "enable_cpu_mem_arena",
         "enable_mem_pattern",
         "enable_mem_reuse",
@@ -127,6 +137,94 @@ class SessionOptions:
         self.use_deterministic_compute = False
         self.use_per_session_threads = True
         self._config: dict[str, str] = {}
+        self._initializers: dict[str, np.ndarray] = {}
+        self._external_files: dict[str, memoryview] = {}
+        self._dim_names: dict[str, int] = {}
+        self._dim_denotations: dict[str, int] = {}
+
+    def add_initializer(self, name: str, value: Any) -> None:
+        """Use `value` (an OrtValue, or a numpy array) for the model's initializer `name`.
+
+        The model's initializer must have the same element type (onnxruntime reads the
+        bytes as the model's type); a name the model lacks is warned about at build and
+        not used, as onnxruntime ignores it.
+        """
+        if not isinstance(name, str):
+            raise InvalidOptionError(f"add_initializer: name must be a str, got {name!r}")
+        self._initializers[name] = _host_array(value, f"add_initializer({name!r})")
+
+    def add_external_initializers(self, names: Sequence[str], values: Sequence[Any]) -> None:
+        """`add_initializer` for each pair: the model's (external-data) initializers
+        `names` take `values` instead of their files."""
+        names, values = list(names), list(values)
+        if len(names) != len(values):
+            raise InvalidOptionError(
+                f"add_external_initializers: {len(names)} names but {len(values)} values")
+        for name, value in zip(names, values):
+            self.add_initializer(name, value)
+
+    def add_external_initializers_from_files_in_memory(
+            self, names: Sequence[str], buffers: Sequence[Any], lengths: Sequence[int]) -> None:
+        """The contents of the external-data files `names` (as the model's
+        external_data locations spell them), given in memory: initializers stored in those
+        files are read from `buffers` (their first `lengths` bytes) instead of the disk."""
+        names, buffers, lengths = list(names), list(buffers), list(lengths)
+        if not len(names) == len(buffers) == len(lengths):
+            raise InvalidOptionError(
+                "add_external_initializers_from_files_in_memory: names, buffers and lengths "
+                f"differ in length ({len(names)}, {len(buffers)}, {len(lengths)})")
+        for name, buf, length in zip(names, buffers, lengths):
+            try:
+                view = memoryview(buf).cast("B")
+            except TypeError:
+                raise InvalidOptionError(
+                    f"add_external_initializers_from_files_in_memory: the buffer for {name!r} "
+                    f"is a {type(buf).__name__}, not a bytes-like object") from None
+            if isinstance(length, bool) or not isinstance(length, int) \
+                    or not 0 <= length <= len(view):
+                raise InvalidOptionError(
+                    f"add_external_initializers_from_files_in_memory: length {length!r} for "
+                    f"{name!r} is not within its buffer of {len(view)} bytes")
+            self._external_files[str(name)] = view[:length]
+
+    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
+        """Make the model's free dimension `dim_name` static at `dim_value`: get_inputs()
+        shows it, feeds must have it, and the plan is built for it."""
+        self._dim_names[_dim_key(dim_name, "name")] = _dim_value(dim_value, dim_name)
+
+    def add_free_dimension_override_by_denotation(self, dim_denotation: str,
+                                                  dim_value: int) -> None:
+        """As by name, for the input dimensions whose denotation is `dim_denotation`
+        (e.g. "DATA_BATCH")."""
+        self._dim_denotations[_dim_key(dim_denotation, "denotation")] = _dim_value(
+            dim_value, dim_denotation)
+
+    def register_custom_ops_library(self, library_path: str) -> None:
+        """Refused: onnxkiln cannot load onnxruntime custom-op libraries (native code
+        written against onnxruntime's C API)."""
+        raise OrtNotImplemented(
+            f"SessionOptions.register_custom_ops_library({library_path!r}): onnxkiln cannot "
+            "load onnxruntime custom-op libraries; write the op as an onnxkiln kernel "
+            "(see the kernel registry) or as an ONNX function in the model")
+
+    def add_provider_for_devices(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: onnxkiln has no execution-provider devices to select."""
+        raise OrtNotImplemented(
+            "SessionOptions.add_provider_for_devices: onnxkiln has no plugin execution "
+            "providers; pass providers=[...] to InferenceSession")
+
+    def set_provider_selection_policy(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: onnxkiln has no execution-provider selection policies."""
+        raise OrtNotImplemented(
+            "SessionOptions.set_provider_selection_policy: onnxkiln has no provider "
+            "selection policies; pass providers=[...] to InferenceSession")
+
+    def has_providers(self) -> bool:
+        """False: providers are chosen by InferenceSession(providers=...)."""
+        return False
+
+    def clear_ep_context_data_read_func(self) -> None:
+        """Accepted: there is no read function to clear."""
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set a string config entry (keys onnxkiln knows are checked at session build)."""
@@ -152,7 +250,9 @@ class SessionOptions:
         new = SessionOptions.__new__(SessionOptions)
         for name in self.__slots__:
             setattr(new, name, getattr(self, name))
-        new._config = dict(self._config)
+        for name in ("_config", "_initializers", "_external_files", "_dim_names",
+                     "_dim_denotations"):
+            setattr(new, name, dict(getattr(self, name)))
         return new
 
     def __repr__(self) -> str:
@@ -160,6 +260,31 @@ class SessionOptions:
         return (f"SessionOptions(graph_optimization_level={level}, "
                 f"intra_op_num_threads={self.intra_op_num_threads}, "
                 f"enable_profiling={self.enable_profiling})")
+
+
+def _host_array(value: Any, what: str) -> np.ndarray:
+    from onnxkiln.compat._values import OrtValue
+
+    if isinstance(value, OrtValue):
+        value = value.numpy()
+    if not isinstance(value, np.ndarray):
+        raise InvalidOptionError(f"{what}: the value must be an OrtValue or a numpy array, got "
+                                 f"{type(value).__name__}")
+    return np.array(value)  # a copy: later changes to the caller's array do not leak in
+
+
+def _dim_key(text: Any, what: str) -> str:
+    if not isinstance(text, str) or not text:
+        raise InvalidOptionError(f"free dimension override: the dimension {what} must be a "
+                                 f"non-empty str, got {text!r}")
+    return text
+
+
+def _dim_value(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise InvalidOptionError(
+            f"free dimension override {name!r}: the value must be an int >= 0, got {value!r}")
+    return int(value)
 
 
 class _TerminateFlag:
@@ -177,6 +302,7 @@ class _TerminateFlag:
 TIMEOUT_KEY = "kiln.run.timeout_s"  # onnxkiln's run timeout, a RunOptions config entry
 
 
+@ort_errors_class
 class RunOptions:
     """Per-run options. `terminate = True`, set before the run or from another thread
     during it, stops the run at the next node with `onnxkiln.RunCancelledError` (a run
@@ -258,6 +384,7 @@ def copy_options(options: SessionOptions | None) -> SessionOptions:
     return copy.copy(options)
 
 
+@ort_errors
 def set_default_logger_severity(severity: int) -> None:
     """Global default severity (0 verbose ... 4 fatal) for sessions whose options leave
     it at -1; also the level of the "onnxkiln" logger."""

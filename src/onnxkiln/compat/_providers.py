@@ -137,6 +137,10 @@ def to_onnxkiln(names: Sequence[str], options: Sequence[Mapping[str, str]]) -> l
                 raise InvalidOptionError(
                     f"{CUDA} option device_id must be an integer >= 0, got {device!r}")
             out.append(f"cuda:{int(device)}" if int(device) else "cuda")
+            ignored = sorted(set(opts) - {"device_id"})
+            if ignored:  # cudnn_conv_algo_search, gpu_mem_limit, arena and stream knobs...
+                warnings.warn(f"{CUDA} options {ignored} have no onnxkiln equivalent (its CUDA "
+                              "provider runs on torch); ignored", stacklevel=4)
         elif name == CPU:
             out.append("cpu")
     return out

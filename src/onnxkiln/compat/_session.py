@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from onnxkiln.compat import _providers
+from onnxkiln.compat._devices import CPU_MEMORY, OrtMemoryInfo
+from onnxkiln.compat._edits import LOAD_CONFIG_ENV, apply_model_config, edit_model, has_edits
+from onnxkiln.compat._errors import Fail, ort_errors_class
 from onnxkiln.compat._iobinding import IOBinding
 from onnxkiln.compat._model import ModelInfo, needed_nodes, prune
 from onnxkiln.compat._options import (
@@ -44,8 +48,33 @@ __all__ = ["InferenceSession"]
 
 logger = logging.getLogger(__name__)
 _MAX_SUBSETS = 16  # pruned sessions kept per InferenceSession (least recently used dropped)
+EXTERNAL_FILE_KEY = "session.optimized_model_external_initializers_file_name"
+EXTERNAL_MIN_KEY = "session.optimized_model_external_initializers_min_size_in_bytes"
+ASSIGNMENT_KEY = "session.record_ep_graph_assignment_info"
 
 
+class EpAssignedNode:
+    """A node in `get_provider_graph_assignment_info()`: name, op_type, domain."""
+
+    __slots__ = ("domain", "name", "op_type")
+
+    def __init__(self, name: str, op_type: str, domain: str) -> None:
+        self.name, self.op_type, self.domain = name, op_type, domain
+
+
+class EpAssignedSubgraph:
+    """Nodes one provider runs: `ep_name`, `get_nodes()`."""
+
+    __slots__ = ("_nodes", "ep_name")
+
+    def __init__(self, ep_name: str, nodes: list[EpAssignedNode]) -> None:
+        self.ep_name, self._nodes = ep_name, nodes
+
+    def get_nodes(self) -> list[EpAssignedNode]:
+        return list(self._nodes)
+
+
+@ort_errors_class
 class InferenceSession:
     """onnxruntime's `InferenceSession` over onnxkiln: code written for onnxruntime runs
     after `import onnxkiln.compat as ort` (or `as rt`).
@@ -58,12 +87,12 @@ class InferenceSession:
     `get_available_providers()`. Extra keyword arguments onnxruntime accepts
     (`enable_fallback`, `disabled_optimizers`, ...) are accepted and ignored.
 
-    Errors are onnxkiln's (`onnxkiln.SessionError` subclasses, all RuntimeErrors): a bad
-    model raises ModelLoadError, an unknown input name InputNotFoundError (also a
-    KeyError), a missing required input, bad dtype or unknown output name
-    InvalidInputError (also a ValueError), a bad rank or dim ShapeError. onnxruntime
-    raises its own classes there (InvalidArgument, Fail, NoSuchFile...), which are not
-    importable from here; catch RuntimeError or the onnxkiln classes.
+    Errors are onnxkiln's (`onnxkiln.SessionError` subclasses, all RuntimeErrors) and
+    also onnxruntime's classes from `onnxruntime.capi.onnxruntime_pybind11_state`: a bad
+    dtype, rank, dim, input or output name is an InvalidInputError / ShapeError /
+    InputNotFoundError and an InvalidArgument; a missing file a ModelLoadError and a
+    NoSuchFile, bytes that are no model an InvalidProtobuf, other load failures, kernel
+    failures and a set `terminate` a Fail (the mapping: `onnxkiln.compat._errors`).
 
     Example:
         >>> import onnxkiln.compat as rt
@@ -90,6 +119,8 @@ class InferenceSession:
                 f"Unable to load from type '{type(path_or_bytes)}': give a model path "
                 "(str or os.PathLike) or the serialized model bytes")
         self._options = copy_options(sess_options)
+        if os.environ.get(LOAD_CONFIG_ENV) == "1":
+            self._load_config_from_model()
         self._fallback = bool(int(kwargs.get("enable_fallback", 1)))
         self._severity = effective_severity(self._options.log_severity_level)
         self._lock = threading.Lock()
@@ -107,10 +138,13 @@ class InferenceSession:
         kiln = _providers.to_onnxkiln(names, options)
         builder = self._builder(kiln, main=True)
         with log_threshold(self._severity):
-            if self._path is not None:
+            if has_edits(self._options):
+                session = builder.load_bytes(self._proto().SerializeToString(), self._folder())
+            elif self._path is not None:
                 session = builder.load(self._path)
             else:
                 session = builder.load_bytes(self._bytes or b"")
+        self._externalize_optimized_model()
         proto = self._proto()
         info = ModelInfo.read(proto, session.inputs(), session.outputs())
         del proto
@@ -157,11 +191,51 @@ class InferenceSession:
         return b
 
     def _proto(self) -> onnx.ModelProto:
-        """The ModelProto, parsed again (weights of external data stay on disk)."""
+        """The ModelProto, parsed again (weights of external data stay on disk), with the
+        changes the session options ask for (`add_initializer`, dimension overrides...)."""
         data = self._bytes if self._bytes is not None else Path(self._path).read_bytes()
         proto = onnx.ModelProto()
         proto.ParseFromString(data)
-        return proto
+        return edit_model(proto, self._options) if has_edits(self._options) else proto
+
+    def _folder(self) -> str | None:
+        """Where the model's external data lives (None for a model given as bytes)."""
+        return os.fspath(self._path.resolve().parent) if self._path is not None else None
+
+    def _load_config_from_model(self) -> None:
+        """ORT_LOAD_CONFIG_FROM_MODEL=1: the model's "ort_config" session options."""
+        try:
+            data = self._bytes if self._bytes is not None else Path(self._path).read_bytes()
+            proto = onnx.ModelProto()
+            proto.ParseFromString(data)
+        except (OSError, DecodeError):
+            return  # the build says what is wrong with the model
+        apply_model_config(proto, self._options)
+
+    def _externalize_optimized_model(self) -> None:
+        """With optimized_model_filepath and the config entry
+        session.optimized_model_external_initializers_file_name, move the written model's
+        initializers of at least ..._min_size_in_bytes (default 1024) into that file."""
+        so = self._options
+        config = so.config_entries()
+        name = config.get(EXTERNAL_FILE_KEY)
+        if not name or not so.optimized_model_filepath:
+            return
+        if os.path.basename(name) != name or name in (".", ".."):
+            raise InvalidOptionError(
+                f"session config entry {EXTERNAL_FILE_KEY}: {name!r} must be a file name "
+                "beside the optimized model, with no folder")
+        text = config.get(EXTERNAL_MIN_KEY, "1024")
+        if not text.isdigit():
+            raise InvalidOptionError(
+                f"session config entry {EXTERNAL_MIN_KEY} takes a number of bytes, got {text!r}")
+        path = os.fspath(so.optimized_model_filepath)
+        model = onnx.load(path)
+        data_file = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+        if os.path.isfile(data_file):  # onnx appends to an existing file: start afresh
+            os.remove(data_file)
+        onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=name, size_threshold=int(text))
 
     def _start_profiling(self) -> None:
         now = time.time()
@@ -266,6 +340,44 @@ class InferenceSession:
         feed = self._check_feed(input_dict_ort_values)
         return [OrtValue(v) for v in self._execute(names, feed, run_options)]
 
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Any, user_data: Any, run_options: RunOptions | None = None) -> None:
+        """As `run`, on another thread: `callback(results, user_data, err)` gets the
+        outputs and "" when the run succeeds, [] and the error message when it fails."""
+        if not callable(callback):
+            raise InvalidInputError(
+                f"run_async: callback must be callable (results, user_data, err), got "
+                f"{type(callback).__name__}")
+
+        def work() -> None:
+            try:
+                results = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # reported through the callback, as onnxruntime does
+                callback([], user_data, str(e) or type(e).__name__)
+                return
+            callback(results, user_data, "")
+
+        threading.Thread(target=work, name="onnxkiln-run-async", daemon=True).start()
+
+    def get_input_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each input is expected: host memory for all (onnxkiln.compat copies to a
+        CUDA provider's device itself)."""
+        return [CPU_MEMORY] * len(self._info.inputs)
+
+    def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where each output is returned: host memory for all."""
+        return [CPU_MEMORY] * len(self._info.outputs)
+
+    def get_provider_graph_assignment_info(self) -> list[EpAssignedSubgraph]:
+        """The model's nodes under the provider that runs them; needs the session config
+        entry session.record_ep_graph_assignment_info = "1", as in onnxruntime."""
+        if self._options.config_entries().get(ASSIGNMENT_KEY) != "1":
+            raise Fail(f"Session configuration entry '{ASSIGNMENT_KEY}' must be set to \"1\" "
+                       "to retrieve EP graph assignment information.")
+        proto = self._proto()
+        nodes = [EpAssignedNode(n.name, n.op_type, n.domain) for n in proto.graph.node]
+        return [EpAssignedSubgraph(self._providers[0], nodes)]
+
     def io_binding(self) -> IOBinding:
         """A new IOBinding for this session (see `run_with_iobinding`)."""
         return IOBinding(self)
@@ -346,7 +458,7 @@ class InferenceSession:
         else:
             wanted = [a.name for a in info.outputs if a.name in key]
             data = prune(self._proto(), info, wanted, keep).SerializeToString()
-            folder = self._path.resolve().parent if self._path is not None else None
+            folder = self._folder()
             with log_threshold(self._severity):
                 pruned = self._builder(kiln, main=False).load_bytes(data, folder)
             entry = (pruned, {m.name: i for i, m in enumerate(pruned.outputs())})

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxkiln.compat._errors import ort_errors_class
 from onnxkiln.dtypes import DataType, from_numpy, to_numpy
 from onnxkiln.errors import DeviceBindingError, InvalidInputError, SequenceOutputError
 
@@ -127,6 +128,7 @@ class ModelMetadata:
     custom_metadata_map: dict[str, str] = field(default_factory=dict)
 
 
+@ort_errors_class
 class OrtValue:
     """A value in host memory, as onnxruntime's OrtValue: a tensor (numpy array), a
     sequence (list), a map (dict) or an empty optional (None).
