@@ -902,18 +902,32 @@ def softmax_model(x, xs, xz, ys, yz, opset, axis=None):
                                         ((2, 3, 5), -1), ((2, 4, 3, 7), 2), ((3, 300), 1),
                                         ((2, 4, 3, 7), 0)])
 def test_qlinear_softmax(dt, opset, shape, axis):
-    """Within one step of onnxruntime, whose exponentials and sums are float32 where ours are
-    float64: values next to a rounding tie can land on either side (a few in a thousand)."""
     info = np.iinfo(dt)
     x = RNG.integers(info.min, info.max + 1, shape).astype(dt)
     for xs in (F32(0.02), F32(0.3), F32(1.5)):
         ys, yz = qparams(dt, 1)
         m = softmax_model(x, xs, np.array(info.min + 5, dt), ys[0] * F32(0.02), yz[0], opset,
                           axis)
+        assert_matches_ort(m, {"X": x})  # bit exact
+    m = softmax_model(x, F32(0.1), np.array(0, dt), F32(1 / 256), np.array(info.min, dt),
+                      opset, axis)  # the output parameters quantize_static writes
+    assert_matches_ort(m, {"X": x})
+
+
+@pytest.mark.parametrize("dt", QTYPES)
+def test_qlinear_softmax_equal_inputs(dt):
+    """Rows with several equal values put some outputs on a rounding tie: one step of
+    onnxruntime at most there (its float32 steps are followed, but not every bit of them)."""
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, (200, 8)).astype(dt)
+    x[:, 1:4] = x[:, :1]
+    for xs in (F32(0.02), F32(0.3), F32(1.5)):
+        ys, yz = qparams(dt, 1)
+        m = softmax_model(x, xs, np.array(0, dt), ys[0] * F32(0.02), yz[0], 13, -1)
         got, want = ours(m, {"X": x})[0], run_ort(m, {"X": x})[0]
         assert got.dtype == want.dtype == dt and got.shape == want.shape
         diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
-        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.02
 
 
 def test_qlinear_softmax_saturates_and_flattens():
@@ -1032,9 +1046,9 @@ def test_quantize_static_qoperator_models(build, activation, weight, per_channel
     QuantizeLinear and DequantizeLinear (with QLinearConv / QLinearMatMul from onnx).
 
     Every integer op is bit exact, so models without QLinearSoftmax match exactly. With it,
-    outputs are held to one step of the last quantized tensor: onnxruntime's float32
-    softmax can round a value next to a tie the other way, and that step carries through
-    the ops after it (on these seeded inputs they match exactly too)."""
+    outputs are held to one step of the last quantized tensor: onnxruntime's softmax can
+    round a value on a tie the other way (see its test), and that step carries through the
+    ops after it (on these seeded inputs they match exactly too)."""
     from onnxruntime.quantization import QuantType
 
     float_model, x_shape = build()

@@ -4,8 +4,8 @@ QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePo
 QLinearAveragePool, QLinearConcat, QLinearWhere, QLinearSoftmax and QGemm, on uint8 or int8
 tensors with per-tensor scales and zero points (QGemm's B may be per column). The float
 arithmetic follows onnxruntime's CPU kernels step by step (which float32 roundings happen
-where), so results match it bit for bit, QLinearSoftmax within one step; rounding is half to
-even, then saturation to the type's range.
+where), so results match it bit for bit (QLinearSoftmax: but for rare ties, see there);
+rounding is half to even, then saturation to the type's range.
 
 onnx knows none of these schemas, so no attribute defaults are filled in at plan time.
 """
@@ -371,16 +371,29 @@ def qgemm(info: NodeInfo) -> Callable[..., np.ndarray]:
 @kernel("QLinearSoftmax", since=1, domain=MS, factory=True, variant="qlinearsoftmax.numpy")
 def qlinear_softmax(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Y = quantize(softmax(dequantize(X))) over `axis` (opset >= 13, the `opset` attribute)
-    or over the dims from `axis` on, flattened (opset < 13); exponentials in float64.
+    or over the dims from `axis` on, flattened (opset < 13).
 
-    As in onnxruntime, the probabilities are multiplied by floor(1 / y_scale) (the same for
-    the 1/256 scale that quantization tools write).
+    Close to onnxruntime's steps: exponentials exp((x - max + s) x_scale) rounded to float32
+    (s scales them up, leaving room for the row's sum), summed in order in float32, times
+    floor(1 / y_scale) (onnxruntime's inverse scale; exact for the 1/256 that quantization
+    tools write), divided by the sum, rounded half to even; then the zero point and
+    saturation. Results match onnxruntime bit for bit except, rarely, by one step where
+    several equal inputs make a value fall on a rounding tie.
     """
     op = "QLinearSoftmax"
     if info.attrs.get("opset") is None:
         raise ValueError(f"{op}: attribute 'opset' is required")
     opset = int(info.attrs["opset"])
     axis_attr = int(info.attrs.get("axis", -1 if opset >= 13 else 1))
+    f32_max = np.finfo(_F32).max
+
+    def exponentials(xs: np.float32, count: int) -> np.ndarray:
+        """table[d + 255] = the scaled float32 exp(d x_scale), for d = x - max in [-255, 0];
+        the scale (onnxruntime's, worked out in float32) leaves room for `count` of them."""
+        headroom = np.log(f32_max / _F32.type(count)) - _F32.type(5)
+        shift = float(max(_F32.type(0), headroom) / xs)
+        d = np.arange(-255, 1, dtype=_F64)
+        return np.exp((d + shift) * float(xs)).astype(_F32)
 
     def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
         dt = _qtype(op, x, "X")
@@ -391,25 +404,25 @@ def qlinear_softmax(info: NodeInfo) -> Callable[..., np.ndarray]:
             raise TypeError(f"{op}: X is {dt} but y_zero_point is {ydt}")
         xs, ys = _scale(op, x_scale, "X_scale"), _scale(op, y_scale, "y_scale")
         yz = _zp(op, y_zero_point, dt, "y_zero_point")
-        inverse_scale = np.floor(_F32.type(1) / ys)  # onnxruntime's: floor(1 / y_scale)
         _zp(op, x_zero_point, dt, "x_zero_point")  # cancels out: checked only
         if x.ndim == 0:
             raise ValueError(f"{op}: X must have rank >= 1")
         ax = norm_axis(axis_attr, x.ndim, op)
         if x.size == 0:
             return x.copy()
-        v = x.astype(_F64)
+        v = x.astype(np.int16)
         if opset < 13:
             v = v.reshape(int(np.prod(x.shape[:ax], dtype=np.int64)), -1)
-            red = 1
-        else:
-            red = ax
-        v -= v.max(axis=red, keepdims=True)
-        v *= _F64.type(xs)
-        np.exp(v, out=v)
-        v *= inverse_scale / v.sum(axis=red, keepdims=True)
-        v += yz
-        return _saturate(v, dt).reshape(x.shape)
+            ax = 1
+        v -= v.max(axis=ax, keepdims=True)
+        v += 255
+        e = exponentials(xs, v.shape[ax])[v]
+        total = np.cumsum(e, axis=ax, dtype=_F32).take([-1], axis=ax)  # in order, as a loop
+        e = e * _F64.type(np.floor(_F32.type(1) / ys))  # float64: never overflows
+        e /= total
+        np.rint(e, out=e)  # before the zero point, as onnxruntime: ties go to the even step
+        e += _F32.type(yz)
+        return _saturate(e, dt).reshape(x.shape)
 
     return run
 
