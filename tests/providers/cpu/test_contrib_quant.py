@@ -1068,3 +1068,37 @@ def test_quantize_static_qoperator_models(build, activation, weight, per_channel
             np.testing.assert_allclose(got, want, rtol=0, atol=float(step) * 1.001)
         else:
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "bert", "gpt2", "mobilenet"])
+def test_quantize_static_qoperator_zoo(name, tmp_path):
+    """onnxkiln's zoo models (small configs), quantized by onnxruntime in QOperator format,
+    calibrated on random feeds: they load and match onnxruntime (the float ops after the last
+    DequantizeLinear, LayerNormalization or Gelu in BERT, differ by float rounding only)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from onnxkiln import zoo
+
+    gen, config, _ = zoo.MODELS[name]
+    float_model = gen(config)
+    feeds = [zoo.random_inputs(float_model, seed=s) for s in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(feeds[1:])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "quantized.onnx"
+    src.write_bytes(float_model.SerializeToString())
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    m = onnx.load(str(dst))
+    assert {nd.op_type for nd in m.graph.node if nd.domain == MS} & {"QGemm", "QLinearSoftmax"}
+    assert_matches_ort(m, feeds[0], rtol=1e-5, atol=1e-5)
