@@ -1,5 +1,6 @@
 """`python -m bench`: the onnxkiln benchmark suite (see bench/suite.py);
-`python -m bench --suite exported`: the exported-model suite (see bench/exported/cli.py)."""
+`python -m bench --suite exported`: the exported-model suite (see bench/exported/cli.py);
+`python -m bench --suite quantized`: quantized and float16 variants (see bench/quantized.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from bench import _env
 
-SUITES = ("realistic", "exported")
+SUITES = ("realistic", "exported", "quantized")
 NEEDS_ORT = ("the benchmarks compare onnxkiln with onnxruntime, which is not installed: "
              "pip install 'onnxkiln[bench]' (or pip install onnxruntime)")
 
@@ -38,6 +39,10 @@ def run_main(argv: list[str] | None = None) -> int:
         from bench.exported.cli import main as exported_main
 
         return exported_main(rest)
+    if suite == "quantized":
+        from bench.quantized import main as quantized_main
+
+        return quantized_main(rest)
     from bench.suite import main
 
     return main(rest)
