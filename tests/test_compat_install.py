@@ -290,14 +290,17 @@ def test_set_seed_makes_unseeded_random_ops_repeat(fresh_seed):
 
 
 def test_ort_device_as_onnxruntime():
-    for name, dev_id in (("cpu", 0), ("cuda", 1)):
+    for name, dev_id in (("cpu", 0), ("cuda", 1), ("dml", 0), ("npu", 0), ("cann", 0),
+                         ("webgpu", 0)):
         ours, theirs = rt.OrtDevice.make(name, dev_id), ort.OrtDevice.make(name, dev_id)
         assert (ours.device_type(), ours.device_id(), ours.device_mem_type(),
                 ours.device_vendor_id()) == (theirs.device_type(), theirs.device_id(),
-                                             theirs.device_mem_type(), 0)
+                                             theirs.device_mem_type(), theirs.device_vendor_id())
+    assert rt.OrtDevice.make("cuda", 0).device_vendor_id() == rt.OrtDeviceVendorId.NVIDIA == 0x10DE
     C = ort.capi._pybind_state.OrtDevice
-    assert (rt.OrtDevice.cpu(), rt.OrtDevice.cuda(), rt.OrtDevice.default_memory()) == (
-        C.cpu(), C.cuda(), C.default_memory())
+    assert (rt.OrtDevice.cpu(), rt.OrtDevice.cuda(), rt.OrtDevice.npu(), rt.OrtDevice.dml(),
+            rt.OrtDevice.default_memory()) == (C.cpu(), C.cuda(), C.npu(), C.dml(),
+                                               C.default_memory())
     assert rt.OrtDevice(0, 0, 0) == rt.OrtDevice.make("cpu", 0)
     with pytest.raises(_errors.InvalidArgument, match="unknown device type 'tpu'"):
         rt.OrtDevice.make("tpu", 0)
@@ -532,7 +535,7 @@ def test_onnxkiln_backend_prepare_path_and_bytes(relu_path):
 @pytest.mark.parametrize("call", [
     lambda: rt.get_ep_devices(),
     lambda: rt.register_execution_provider_library("ep", "libep.so"),
-    lambda: rt.set_default_logger_callback(print),
+    lambda: rt.copy_tensors([], [], None),
     lambda: rt.LoraAdapter(),
     lambda: rt.SparseTensor(),
     lambda: rt.SessionOptions().add_provider("X", {}),

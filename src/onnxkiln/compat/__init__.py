@@ -35,7 +35,10 @@ from onnxkiln.compat._devices import (
     OrtAllocatorType,
     OrtArenaCfg,
     OrtDevice,
+    OrtDeviceMemoryType,
+    OrtDeviceVendorId,
     OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
     OrtMemType,
 )
 from onnxkiln.compat._errors import ort_errors
@@ -47,6 +50,7 @@ from onnxkiln.compat._options import (
     GraphOptimizationLevel,
     RunOptions,
     SessionOptions,
+    set_default_logger_callback,
     set_default_logger_severity,
     set_default_logger_verbosity,
 )
@@ -95,8 +99,11 @@ __all__ = [
     "OrtAllocatorType",
     "OrtArenaCfg",
     "OrtDevice",
+    "OrtDeviceMemoryType",
+    "OrtDeviceVendorId",
     "OrtMemType",
     "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
     "OrtValue",
     "RunOptions",
     "SessionOptions",
@@ -114,6 +121,7 @@ __all__ = [
     "install",
     "installed",
     "preload_dlls",
+    "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
     "set_global_thread_pool_sizes",

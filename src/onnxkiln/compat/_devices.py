@@ -13,7 +13,8 @@ from typing import Any
 from onnxkiln.compat._errors import ort_errors_class
 from onnxkiln.errors import InvalidOptionError
 
-__all__ = ["OrtAllocatorType", "OrtArenaCfg", "OrtDevice", "OrtMemType", "OrtMemoryInfo"]
+__all__ = ["OrtAllocatorType", "OrtArenaCfg", "OrtDevice", "OrtDeviceMemoryType",
+           "OrtDeviceVendorId", "OrtMemType", "OrtMemoryInfo", "OrtMemoryInfoDeviceType"]
 
 
 class OrtAllocatorType(enum.IntEnum):
@@ -22,6 +23,35 @@ class OrtAllocatorType(enum.IntEnum):
     INVALID = -1
     ORT_DEVICE_ALLOCATOR = 0
     ORT_ARENA_ALLOCATOR = 1
+
+
+class OrtDeviceVendorId(enum.IntEnum):
+    """PCI vendor ids onnxruntime names devices by."""
+    NONE = 0
+    AMD = 0x1002
+    NVIDIA = 0x10DE
+    ARM = 0x13B5
+    MICROSOFT = 0x1414
+    HUAWEI = 0x19E5
+    QUALCOMM = 0x5143
+    INTEL = 0x8086
+
+
+class OrtDeviceMemoryType(enum.IntEnum):
+    DEFAULT = 0
+    HOST_ACCESSIBLE = 5
+
+
+class OrtMemoryInfoDeviceType(enum.IntEnum):
+    CPU = 0
+    GPU = 1
+    FPGA = 2
+    NPU = 3
+
+
+# the vendor OrtDevice.make gives a device type when none is named
+_DEFAULT_VENDORS = {"cuda": OrtDeviceVendorId.NVIDIA, "dml": OrtDeviceVendorId.MICROSOFT,
+                    "cann": OrtDeviceVendorId.HUAWEI}
 
 
 class OrtMemType(enum.IntEnum):
@@ -33,8 +63,8 @@ class OrtMemType(enum.IntEnum):
     DEFAULT = 0
 
 
-_DEVICE_TYPES = {"cpu": 0, "gpu": 1, "cuda": 1, "fpga": 2, "npu": 3, "dml": 4, "cann": 5,
-                 "webgpu": 6}
+_DEVICE_TYPES = {"cpu": 0, "gpu": 1, "cuda": 1, "fpga": 2, "npu": 3, "dml": 1, "cann": 3,
+                 "webgpu": 1}  # as onnxruntime's OrtDevice.make codes them
 
 
 @ort_errors_class
@@ -68,7 +98,9 @@ class OrtDevice:
             raise InvalidOptionError(
                 f"OrtDevice.make: unknown device type {ort_device_name!r}; known: "
                 f"{sorted(_DEVICE_TYPES)}")
-        return cls(code, 0, device_id, 0 if vendor_id is None else vendor_id)
+        if vendor_id is None:
+            vendor_id = _DEFAULT_VENDORS.get(str(ort_device_name).lower(), 0)
+        return cls(code, 0, device_id, int(vendor_id))
 
     @staticmethod
     def cpu() -> int:
@@ -81,6 +113,14 @@ class OrtDevice:
     @staticmethod
     def cuda() -> int:
         return 1
+
+    @staticmethod
+    def npu() -> int:
+        return 3
+
+    @staticmethod
+    def dml() -> int:
+        return 4
 
     @staticmethod
     def default_memory() -> int:
@@ -119,7 +159,7 @@ class OrtMemoryInfo:
     """Where a value lives: `OrtMemoryInfo("Cpu", OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
     OrtMemType.DEFAULT)`; what `get_input_memory_infos()` returns."""
 
-    __slots__ = ("allocator_type", "device_id", "mem_type", "name")
+    __slots__ = ("_device_mem", "_vendor", "allocator_type", "device_id", "mem_type", "name")
 
     def __init__(self, name: str, allocator_type: int, device_id: int, mem_type: int) -> None:
         if not isinstance(name, str):
@@ -128,14 +168,27 @@ class OrtMemoryInfo:
         self.allocator_type = OrtAllocatorType(allocator_type)
         self.device_id = int(device_id)
         self.mem_type = OrtMemType(mem_type)
+        self._device_mem, self._vendor = OrtDeviceMemoryType.DEFAULT, 0
+
+    @classmethod
+    def create_v2(cls, name: str, device_type: int, vendor_id: int, device_id: int,
+                  device_mem_type: int, alignment: int, allocator_type: int) -> OrtMemoryInfo:
+        """onnxruntime's CreateMemoryInfo_V2 form (the alignment is not kept: onnxkiln's
+        buffers are numpy's)."""
+        OrtMemoryInfoDeviceType(device_type)
+        device_mem = OrtDeviceMemoryType(device_mem_type)
+        host = device_mem == OrtDeviceMemoryType.HOST_ACCESSIBLE  # onnxruntime's CPU mem type
+        info = cls(name, allocator_type, device_id, OrtMemType.CPU if host else OrtMemType.DEFAULT)
+        info._device_mem, info._vendor = device_mem, int(vendor_id)
+        return info
 
     @property
-    def device_mem_type(self) -> int:
-        return 0
+    def device_mem_type(self) -> OrtDeviceMemoryType:
+        return self._device_mem
 
     @property
     def device_vendor_id(self) -> int:
-        return 0
+        return self._vendor
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, OrtMemoryInfo) and all(

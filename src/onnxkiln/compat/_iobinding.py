@@ -10,6 +10,7 @@ import numpy as np
 from onnxkiln.compat._errors import ort_errors_class
 from onnxkiln.compat._values import (
     OrtValue,
+    OrtValueVector,
     check_cpu_device,
     elem_name,
     numpy_dtype,
@@ -115,9 +116,9 @@ class IOBinding:
         """The last run's outputs as OrtValues, in the order they were bound."""
         return list(self._results)
 
-    def get_outputs_as_ortvaluevector(self) -> list[OrtValue]:
-        """Same as `get_outputs`."""
-        return self.get_outputs()
+    def get_outputs_as_ortvaluevector(self) -> OrtValueVector:
+        """The outputs of the last run as an OrtValueVector."""
+        return OrtValueVector(self.get_outputs())
 
     def copy_outputs_to_cpu(self) -> list[Any]:
         """Copies of the last run's outputs: numpy arrays (lists/dicts for sequences and

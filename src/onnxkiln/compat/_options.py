@@ -7,8 +7,10 @@ import copy
 import enum
 import logging
 import math
+import sys
 import threading
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ __all__ = [
     "copy_options",
     "effective_severity",
     "log_threshold",
+    "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
 ]
@@ -393,6 +396,51 @@ def set_default_logger_severity(severity: int) -> None:
         raise InvalidOptionError(f"logger severity must be 0 to 4, got {severity!r}")
     _default_severity = severity
     logging.getLogger("onnxkiln").setLevel(_LOGGING_LEVELS[severity])
+
+
+class _CallbackHandler(logging.Handler):
+    """Hands the "onnxkiln" logger's records to an onnxruntime-style callback
+    `(severity, category, logid, code_location, message)`; a callback that raises is
+    reported through sys.unraisablehook, as onnxruntime does, and never stops the run."""
+
+    def __init__(self, callback: Any) -> None:
+        super().__init__()
+        self.callback = callback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        severity = max((s for s, level in _LOGGING_LEVELS.items() if record.levelno >= level),
+                       default=0)
+        try:
+            self.callback(severity, record.name, "",
+                          f"{record.pathname}:{record.lineno} {record.funcName}",
+                          record.getMessage())
+        except Exception as e:  # a logging callback must not break the run that logs
+            sys.unraisablehook(SimpleNamespace(  # the fields of sys.UnraisableHookArgs
+                exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__,
+                err_msg="Exception in the onnxruntime logging callback", object=self.callback))
+
+
+_callback_handler: _CallbackHandler | None = None
+
+
+def set_default_logger_callback(callback: Any, severity: int = 2) -> None:
+    """Send onnxkiln's log records (logger "onnxkiln") to `callback(severity, category,
+    logid, code_location, message)` and set the default severity, as onnxruntime does;
+    None removes the callback and keeps the severity."""
+    global _callback_handler
+    if isinstance(severity, bool) or severity not in _LOGGING_LEVELS:
+        raise InvalidOptionError(f"logger severity must be 0 to 4, got {severity!r}")
+    if callback is not None and not callable(callback):
+        raise InvalidOptionError(
+            f"set_default_logger_callback takes a callable or None, got {callback!r}")
+    logger = logging.getLogger("onnxkiln")
+    if _callback_handler is not None:
+        logger.removeHandler(_callback_handler)
+        _callback_handler = None
+    if callback is not None:
+        _callback_handler = _CallbackHandler(callback)
+        logger.addHandler(_callback_handler)
+        set_default_logger_severity(severity)
 
 
 def set_default_logger_verbosity(verbosity: int) -> None:

@@ -13,6 +13,7 @@ __all__ = [
     "ALL_PROVIDERS",
     "CPU",
     "CUDA",
+    "check_and_normalize_provider_args",
     "get_all_providers",
     "get_available_providers",
     "normalize_providers",
@@ -108,7 +109,8 @@ def normalize_providers(
     for name, opts in pairs:
         if name not in ALL_PROVIDERS:
             raise InvalidOptionError(
-                f"unknown execution provider '{name}'; onnxkiln.compat serves {available} "
+                f"Unknown Provider Type: {name} (unknown execution provider '{name}'); "
+                f"onnxkiln.compat serves {available} "
                 f"(onnxruntime's names are {list(ALL_PROVIDERS)})")
         if name in names:
             warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=4)
@@ -144,3 +146,49 @@ def to_onnxkiln(names: Sequence[str], options: Sequence[Mapping[str, str]]) -> l
         elif name == CPU:
             out.append("cpu")
     return out
+
+
+def check_and_normalize_provider_args(
+    providers: Sequence[str | tuple[str, Mapping[Any, Any]]] | None,
+    provider_options: Sequence[Mapping[Any, Any]] | None,
+    available_provider_names: Sequence[str],
+) -> tuple[list[str], list[dict[str, str]]]:
+    """onnxruntime's helper of that name: `providers` (names, or (name, options) pairs) and
+    `provider_options` checked and returned as (names, options as str -> str dicts); a
+    repeated name is dropped with a warning, a name not in `available_provider_names` is
+    kept with one, anything malformed raises `InvalidOptionError` (a ValueError)."""
+    if providers is None:
+        return [], []
+    if isinstance(providers, str) or not isinstance(providers, Sequence):
+        raise InvalidOptionError(f"'providers' should be a sequence, got {providers!r}")
+    if provider_options is not None:
+        if isinstance(provider_options, str) or not isinstance(provider_options, Sequence):
+            raise InvalidOptionError(
+                f"'provider_options' should be a sequence, got {provider_options!r}")
+        if len(providers) != len(provider_options):
+            raise InvalidOptionError("'providers' and 'provider_options' should be the same "
+                                     f"length, got {len(providers)} and {len(provider_options)}")
+    chosen: dict[str, dict[str, str]] = {}
+    for i, entry in enumerate(providers):
+        if isinstance(entry, str):
+            name = entry
+            options = {} if provider_options is None else provider_options[i]
+        elif (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+              and provider_options is None):
+            name, options = entry
+        else:
+            raise InvalidOptionError(
+                f"'providers' entry {entry!r} should be a name or a (name, options dict) pair "
+                "(and pairs cannot be mixed with 'provider_options')")
+        if not isinstance(options, Mapping):
+            raise InvalidOptionError(f"options of provider '{name}' should be a dict, got "
+                                     f"{options!r}")
+        if name not in available_provider_names:
+            warnings.warn(f"Specified provider '{name}' is not in available provider names. "
+                          f"Available providers: '{', '.join(available_provider_names)}'",
+                          stacklevel=2)
+        if name in chosen:
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=2)
+            continue
+        chosen[name] = {str(k): str(v) for k, v in options.items()}
+    return list(chosen), list(chosen.values())

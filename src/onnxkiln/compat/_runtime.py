@@ -33,7 +33,8 @@ def get_version_string() -> str:
 
 def get_build_info() -> str:
     """A line naming onnxkiln and its version, in onnxruntime's "Build Info" form."""
-    return f"onnxkiln {kiln_version} (onnxruntime API {ORT_API_VERSION}), build type=Python"
+    return (f"onnxkiln {kiln_version} Build Info: onnxruntime API {ORT_API_VERSION}, "
+            "build type=Python")
 
 
 def set_seed(seed: int) -> None:

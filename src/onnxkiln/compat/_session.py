@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -364,19 +365,25 @@ class InferenceSession:
         CUDA provider's device itself)."""
         return [CPU_MEMORY] * len(self._info.inputs)
 
+    def get_input_epdevices(self) -> list[None]:
+        """An entry per input, each None: onnxkiln has no plugin execution-provider devices
+        (onnxruntime's entries may be None too)."""
+        return [None] * len(self._info.inputs)
+
     def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
         """Where each output is returned: host memory for all."""
         return [CPU_MEMORY] * len(self._info.outputs)
 
     def get_provider_graph_assignment_info(self) -> list[EpAssignedSubgraph]:
-        """The model's nodes under the provider that runs them; needs the session config
-        entry session.record_ep_graph_assignment_info = "1", as in onnxruntime."""
+        """The model's nodes under the provider that runs them, one node a subgraph as
+        onnxruntime's kernel-based providers report them; needs the session config entry
+        session.record_ep_graph_assignment_info = "1", as in onnxruntime."""
         if self._options.config_entries().get(ASSIGNMENT_KEY) != "1":
             raise Fail(f"Session configuration entry '{ASSIGNMENT_KEY}' must be set to \"1\" "
                        "to retrieve EP graph assignment information.")
         proto = self._proto()
         nodes = [EpAssignedNode(n.name, n.op_type, n.domain) for n in proto.graph.node]
-        return [EpAssignedSubgraph(self._providers[0], nodes)]
+        return [EpAssignedSubgraph(self._providers[0], [node]) for node in nodes]
 
     def io_binding(self) -> IOBinding:
         """A new IOBinding for this session (see `run_with_iobinding`)."""
@@ -415,7 +422,8 @@ class InferenceSession:
             raise InvalidInputError(
                 f"Required inputs ({missing}) are missing from input feed "
                 f"({list(input_feed)}).")
-        return {k: v.value if isinstance(v, OrtValue) else v for k, v in input_feed.items()}
+        return {k: _void_as_strings(v.value if isinstance(v, OrtValue) else v)
+                for k, v in input_feed.items()}
 
     def _execute(self, names: list[str], feed: dict[str, Any],
                  run_options: RunOptions | None) -> list[Any]:
@@ -502,3 +510,15 @@ class InferenceSession:
     def __repr__(self) -> str:
         source = str(self._path) if self._path is not None else "<bytes>"
         return f"InferenceSession({source}, providers={self._providers})"
+
+
+def _void_as_strings(value: Any) -> Any:
+    """An np.void array (fixed-size raw bytes, which keep their trailing zero bytes) as the
+    strings onnxruntime reads from it: each element's bytes decoded as UTF-8."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "V" or value.dtype.names:
+        return value
+    try:
+        strings = [bytes(item).decode("utf-8") for item in value.ravel()]
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(f"np.void input is not UTF-8 text: {e}") from None
+    return np.array(strings, dtype=object).reshape(value.shape)

@@ -28,8 +28,6 @@ MODULE_FUNCTIONS = {
     "register_execution_provider_library": _NO_EP_LIBS,
     "unregister_execution_provider_library": _NO_EP_LIBS,
     "get_ep_devices": _NO_EP_LIBS,
-    "set_default_logger_callback": "onnxkiln logs through Python's logging module (logger "
-                                   "'onnxkiln'); add a logging.Handler there",
     "copy_tensors": _NO_DEVICE,
 }
 MODULE_CLASSES = {
@@ -45,7 +43,6 @@ METHODS = {
         "set_tuning_results": "onnxkiln has no kernel tuning",
         "release_captured_graph": "onnxkiln's capture is InferenceSession."
                                   "try_capture_with_device_bindings",
-        "get_input_epdevices": _NO_EP_LIBS,
         "set_ep_dynamic_options": _NO_EP_LIBS,
         "create_ortvalue_from_shape_and_type": "use OrtValue.ortvalue_from_shape_and_type",
     },

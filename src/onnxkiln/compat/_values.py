@@ -19,6 +19,7 @@ __all__ = [
     "ModelMetadata",
     "NodeArg",
     "OrtValue",
+    "OrtValueVector",
     "check_cpu_device",
     "elem_name",
     "numpy_dtype",
@@ -196,7 +197,9 @@ class OrtValue:
 
     @classmethod
     def from_dlpack(cls, data: Any) -> OrtValue:
-        """Wrap a DLPack-capable host array (zero-copy)."""
+        """Wrap a DLPack-capable host array, or a DLPack capsule (zero-copy)."""
+        if not hasattr(data, "__dlpack__"):
+            data = _Capsule(data)
         return cls(np.from_dlpack(data))
 
     # inspection --------------------------------------------------------------------
@@ -284,6 +287,45 @@ class OrtValue:
         if isinstance(self._value, np.ndarray):
             return f"OrtValue({self.data_type()}, shape={self.shape()}, cpu)"
         return f"OrtValue({_value_type(self._value)})"
+
+
+class _Capsule:
+    """A bare DLPack capsule (what `__dlpack__()` returned) as numpy's from_dlpack wants it:
+    an object with `__dlpack__` and `__dlpack_device__` (host memory only)."""
+
+    def __init__(self, capsule: Any) -> None:
+        if type(capsule).__name__ != "PyCapsule":
+            raise InvalidInputError(
+                "OrtValue.from_dlpack takes an object with __dlpack__ or a DLPack capsule, "
+                f"got {type(capsule).__name__}")
+        self._capsule = capsule
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+@ort_errors_class
+class OrtValueVector(list):
+    """onnxruntime's vector of OrtValues: a list of `OrtValue` with its push_back,
+    reserve, shrink_to_fit and element_type_at."""
+
+    def push_back(self, value: OrtValue) -> None:
+        if not isinstance(value, OrtValue):
+            raise InvalidInputError(
+                f"OrtValueVector.push_back takes an OrtValue, got {type(value).__name__}")
+        self.append(value)
+
+    def reserve(self, size: int) -> None:
+        """Accepted; a Python list needs no reservation."""
+
+    def shrink_to_fit(self) -> None:
+        """Accepted; a Python list needs no shrinking."""
+
+    def element_type_at(self, index: int) -> int:
+        return self[index].element_type()
 
 
 def _register(value: OrtValue, ptr: int) -> None:

@@ -1,6 +1,7 @@
 """`onnxruntime.capi.onnxruntime_pybind11_state` over onnxkiln: onnxruntime's exception
 classes (see `onnxkiln.compat._errors` for which onnxkiln error becomes which) and the
-names onnxruntime's native module exports that onnxkiln.compat serves."""
+names onnxruntime's native module exports that onnxkiln.compat serves (its `OrtValue` is
+onnxkiln.compat's; `SessionIOBinding`, which wraps onnxruntime's native session, refuses)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from onnxkiln.compat import (
     OrtAllocatorType,
     OrtArenaCfg,
     OrtDevice,
+    OrtDeviceMemoryType,
     OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
     OrtMemType,
+    OrtValue,
     RunOptions,
     SessionOptions,
     disable_telemetry_events,
@@ -41,6 +45,13 @@ from onnxkiln.compat._errors import (
     NotImplemented,
     RuntimeException,
 )
+from onnxkiln.compat._unsupported import refused_class
+from onnxkiln.compat._values import OrtValueVector
+
+# the native binding onnxruntime's IOBinding wraps (`SessionIOBinding(sess._sess)`)
+SessionIOBinding = refused_class(
+    "SessionIOBinding", "onnxkiln has no native session under InferenceSession; use "
+    "InferenceSession.io_binding()")
 
 __all__ = [
     "EPFail",
@@ -61,10 +72,15 @@ __all__ = [
     "OrtAllocatorType",
     "OrtArenaCfg",
     "OrtDevice",
+    "OrtDeviceMemoryType",
     "OrtMemType",
     "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
+    "OrtValue",
+    "OrtValueVector",
     "RunOptions",
     "RuntimeException",
+    "SessionIOBinding",
     "SessionOptions",
     "disable_telemetry_events",
     "enable_telemetry_events",
