@@ -52,7 +52,7 @@ BUG_TEXT = "bug in onnxkiln"
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # the class of the issue it belongs to, for the table
+    kind: str  # the class of hostile input it belongs to, for the table
     fn: Callable[[Runtime, Path], Any]
     expect: str  # "ok" or "refused": the good outcome on onnxkiln
     on_ort: bool  # whether fn also runs on onnxruntime (through its real API)
