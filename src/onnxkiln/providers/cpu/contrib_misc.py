@@ -1,0 +1,173 @@
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3 and CropAndResize."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import scipy.special
+
+from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu.contrib_transformer import MS
+from onnxkiln.providers.cpu.registry import kernel
+
+_F32 = np.dtype(np.float32)
+
+
+def _attr_str(info: NodeInfo, name: str, default: str) -> str:
+    v = info.attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@kernel("ScaledSiLU", since=1, domain=MS, factory=True, variant="scaledsilu.expit")
+def scaled_silu(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Z = T(scale * X), Y = T(Z * T(sigmoid(Z))), scale from the optional scalar input or
+    `alpha`; each step rounded to X's type."""
+    alpha = float(info.attrs.get("alpha", 1.0))
+
+    def run(x: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype.kind not in "fV":
+            raise TypeError(f"ScaledSiLU: X must be a float tensor, got {x.dtype}")
+        if scale is not None and scale.size != 1:
+            raise ValueError(f"ScaledSiLU: scale must be a scalar, got shape {scale.shape}")
+        s = alpha if scale is None else float(scale.reshape(-1)[0].astype(_F32))
+        z = (x.astype(_F32) * _F32.type(s)).astype(x.dtype)
+        sig = scipy.special.expit(z.astype(_F32)).astype(x.dtype)
+        return (z.astype(_F32) * sig.astype(_F32)).astype(x.dtype)
+
+    return run
+
+
+# ------------------------------------------------------------------------------------ MurmurHash3
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def _rotl(v: np.ndarray, r: int) -> np.ndarray:
+    return ((v << np.uint64(r)) | (v >> np.uint64(32 - r))) & _M32
+
+
+def _mix_block(k: np.ndarray) -> np.ndarray:
+    k = (k * np.uint64(0xCC9E2D51)) & _M32
+    return (_rotl(k, 15) * np.uint64(0x1B873593)) & _M32
+
+
+def _murmur_words(words: np.ndarray, n_bytes: int, seed: int) -> np.ndarray:
+    """MurmurHash3_x86_32 of keys made of whole 4-byte words: words [keys, n_words] (uint64
+    holding uint32 values)."""
+    return _finish(_blocks(np.full(words.shape[0], seed, np.uint64), words), n_bytes)
+
+
+def _blocks(h: np.ndarray, words: np.ndarray) -> np.ndarray:
+    for j in range(words.shape[1]):
+        h ^= _mix_block(words[:, j])
+        h = (_rotl(h, 13) * np.uint64(5) + np.uint64(0xE6546B64)) & _M32
+    return h
+
+
+def _finish(h: np.ndarray, n_bytes) -> np.ndarray:
+    h ^= np.asarray(n_bytes, np.uint64)
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _M32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _M32
+    return h ^ (h >> np.uint64(16))
+
+
+def _murmur_bytes(data: bytes, seed: int) -> int:
+    n = len(data)
+    whole = n - n % 4
+    words = np.frombuffer(data[:whole], "<u4").astype(np.uint64)[None, :]
+    h = _blocks(np.full(1, seed, np.uint64), words)
+    if n % 4:
+        tail = int.from_bytes(data[whole:], "little")
+        h ^= _mix_block(np.array([tail], np.uint64))
+    return int(_finish(h, n)[0])
+
+
+@kernel("MurmurHash3", since=1, domain=MS, factory=True, variant="murmurhash3.numpy")
+def murmur_hash3(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """MurmurHash3_x86_32 of each element's bytes (numbers little-endian, strings UTF-8) with
+    `seed`; uint32 out when `positive` (default), else int32."""
+    seed = int(info.attrs.get("seed", 0)) & 0xFFFFFFFF
+    out = np.uint32 if int(info.attrs.get("positive", 1)) else np.int32
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.dtype.kind in "OU":
+            flat = [_murmur_bytes(str(v).encode(), seed) for v in x.reshape(-1)]
+            h = np.array(flat, np.uint64)
+        elif x.dtype in (np.int32, np.uint32, np.int64, np.uint64, np.float32, np.float64):
+            raw = np.ascontiguousarray(x.reshape(-1)).astype(x.dtype.newbyteorder("<"))
+            words = raw.view("<u4").reshape(raw.size, -1).astype(np.uint64)
+            h = _murmur_words(words, x.dtype.itemsize, seed)
+        else:
+            raise TypeError(f"MurmurHash3: X must be (u)int32, (u)int64, float, double or "
+                            f"string, got {x.dtype}")
+        return h.astype(np.uint32).view(out).reshape(x.shape)
+
+    return run
+
+
+# --------------------------------------------------------------------------------- CropAndResize
+
+
+def _crop_coords(lo: np.ndarray, hi: np.ndarray, size: int, crop: int) -> np.ndarray:
+    """Sample positions [rois, crop] in input pixels, corner aligned (TensorFlow's rule)."""
+    if crop > 1:
+        step = (hi - lo) * (size - 1) / (crop - 1)
+        return lo[:, None] * (size - 1) + np.arange(crop, dtype=_F32)[None, :] * step[:, None]
+    return (0.5 * (lo + hi) * (size - 1))[:, None]
+
+
+@kernel("CropAndResize", since=1, domain=MS, factory=True, variant="cropandresize.gather")
+def crop_and_resize(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Crops of X (N, C, H, W) at normalized [y1, x1, y2, x2] boxes, resized bilinearly (or
+    nearest) to crop_size: (num_rois, C, crop_h, crop_w); samples outside X take
+    extrapolation_value."""
+    op = "CropAndResize"
+    mode = _attr_str(info, "mode", "bilinear")
+    if mode not in ("bilinear", "nearest"):
+        raise ValueError(f"{op}: mode must be bilinear or nearest, got {mode!r}")
+    fill = float(info.attrs.get("extrapolation_value", 0.0))
+
+    def run(x, rois, batch_indices, crop_size):
+        if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4:
+            raise ValueError(f"{op}: X must be 4-D and rois (num_rois, 4); got {x.shape}, "
+                             f"{rois.shape}")
+        if batch_indices.shape != (rois.shape[0],):
+            raise ValueError(f"{op}: batch_indices must have shape ({rois.shape[0]},), got "
+                             f"{batch_indices.shape}")
+        if crop_size.size != 2 or (crop_size <= 0).any():
+            raise ValueError(f"{op}: crop_size must be two positive values, got {crop_size}")
+        n, _, h, w = x.shape
+        if batch_indices.size and (batch_indices.min() < 0 or batch_indices.max() >= n):
+            raise IndexError(f"{op}: batch_indices must lie in [0, {n})")
+        ch, cw = (int(v) for v in crop_size.reshape(-1))
+        r = rois.astype(_F32)
+        ys = _crop_coords(r[:, 0], r[:, 2], h, ch)  # [R, ch]
+        xs = _crop_coords(r[:, 1], r[:, 3], w, cw)  # [R, cw]
+        outside = ((ys < 0) | (ys > h - 1))[:, :, None] | ((xs < 0) | (xs > w - 1))[:, None, :]
+        img = x[batch_indices.astype(np.int64)].astype(_F32)  # [R, C, H, W]
+        ridx = np.arange(r.shape[0])[:, None, None]
+        if mode == "nearest":
+            # halves round up (C round(), not numpy's half-to-even)
+            yi = np.clip(np.floor(ys + 0.5), 0, h - 1).astype(np.int64)[:, :, None]
+            xi = np.clip(np.floor(xs + 0.5), 0, w - 1).astype(np.int64)[:, None, :]
+            y = img[ridx, :, yi, xi]  # [R, ch, cw, C]
+        else:
+            y0 = np.clip(np.floor(ys), 0, h - 1).astype(np.int64)
+            x0 = np.clip(np.floor(xs), 0, w - 1).astype(np.int64)
+            y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+            fy = (ys - np.floor(ys))[:, :, None, None]
+            fx = (xs - np.floor(xs))[:, None, :, None]
+
+            def at(yy, xx):
+                return img[ridx, :, yy[:, :, None], xx[:, None, :]]
+
+            top = at(y0, x0) + (at(y0, x1) - at(y0, x0)) * fx
+            bottom = at(y1, x0) + (at(y1, x1) - at(y1, x0)) * fx
+            y = top + (bottom - top) * fy
+        y = np.where(outside[..., None], _F32.type(fill), y)
+        return np.ascontiguousarray(np.moveaxis(y, -1, 1)).astype(x.dtype, copy=False)
+
+    return run

@@ -1,0 +1,77 @@
+"""com.microsoft ScaledSiLU, MurmurHash3 and CropAndResize (contrib_misc.py) against
+onnxruntime's CPU provider."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from onnxkiln import InferenceSession
+from onnxkiln.errors import KernelError
+from onnxkiln.testing import assert_matches_ort, node_model
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(11)
+F32 = np.float32
+
+
+def model(op, feeds, inits=None, names=None, **attrs):
+    return node_model(op, feeds, initializers=inits or {}, domain=MS, input_names=names,
+                      **attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("scale_input", [False, True])
+def test_scaled_silu(dtype, scale_input):
+    x = (RNG.standard_normal((3, 7)) * 4).astype(dtype)
+    feeds = {"x": x}
+    if scale_input:
+        feeds["s"] = np.array(1.7, F32)
+    assert_matches_ort(model("ScaledSiLU", feeds, alpha=0.5), feeds, rtol=1e-3, atol=1e-3)
+
+
+
+def test_scaled_silu_bfloat16_rounds_each_step():  # onnxruntime's Python API takes no bfloat16
+    bf = ml_dtypes.bfloat16
+    x = (RNG.standard_normal(50) * 4).astype(bf)
+    y = InferenceSession.builder().from_graph(model("ScaledSiLU", {"x": x}, alpha=1.3)).run(
+        {"x": x})[0]
+    z = (x.astype(F32) * F32(1.3)).astype(bf).astype(F32)
+    sig = (1 / (1 + np.exp(-z))).astype(bf).astype(F32)
+    assert y.dtype == bf
+    np.testing.assert_array_equal(y.astype(F32), (z * sig).astype(bf).astype(F32))
+
+
+@pytest.mark.parametrize("x", [
+    np.array([0, 1, -1, 2**31 - 1, -(2**31)], np.int32),
+    np.array([3, 2**32 - 1], np.uint32),
+    np.array([[0, -5], [2**40, 7]], np.int64),
+    np.array([0, 2**63], np.uint64),
+    np.array([0.0, -1.5, 3.25], np.float32),
+    np.array([1e300, -0.0], np.float64),
+    np.array(["", "a", "ab", "abc", "abcd", "hello world", "héllo"], object),
+])
+@pytest.mark.parametrize("positive,seed", [(1, 0), (0, 42), (1, 2**32 - 1)])
+def test_murmur_hash3(x, positive, seed):
+    m = model("MurmurHash3", {"x": x}, positive=positive, seed=seed)
+    assert_matches_ort(m, {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("crop", [(3, 4), (1, 1), (1, 5)])
+def test_crop_and_resize(mode, crop):
+    x = RNG.standard_normal((2, 3, 6, 7)).astype(F32)
+    rois = np.array([[0.1, 0.2, 0.8, 0.9], [0.0, 0.0, 1.0, 1.0], [-0.2, 0.5, 0.6, 1.3],
+                     [0.7, 0.6, 0.2, 0.1]], F32)
+    feeds = {"x": x, "rois": rois, "idx": np.array([0, 1, 1, 0], np.int32),
+             "crop": np.array(crop, np.int32)}
+    m = model("CropAndResize", feeds, mode=mode, extrapolation_value=-2.0)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_crop_and_resize_refuses_bad_batch_index():
+    feeds = {"x": np.zeros((1, 1, 2, 2), F32), "rois": np.zeros((1, 4), F32),
+             "idx": np.array([3], np.int32), "crop": np.array([2, 2], np.int32)}
+    with pytest.raises(KernelError, match="batch_indices"):
+        InferenceSession.builder().from_graph(model("CropAndResize", feeds)).run(feeds)
