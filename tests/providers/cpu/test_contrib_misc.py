@@ -75,3 +75,14 @@ def test_crop_and_resize_refuses_bad_batch_index():
              "idx": np.array([3], np.int32), "crop": np.array([2, 2], np.int32)}
     with pytest.raises(KernelError, match="batch_indices"):
         InferenceSession.builder().from_graph(model("CropAndResize", feeds)).run(feeds)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 6])
+def test_ngram_repeat_block(size):
+    ids = np.array([[1, 2, 3, 1, 2, 3, 1, 2], [4, 4, 4, 4, 0, 9, 4, 4], [0, 1, 2, 3, 4, 5, 6, 7]],
+                   np.int64)
+    scores = RNG.standard_normal((3, 10)).astype(F32)
+    m = model("NGramRepeatBlock", {"ids": ids, "scores": scores}, ngram_size=size)
+    y = assert_matches_ort(m, {"ids": ids, "scores": scores})[0]
+    if size == 3:
+        assert np.isneginf(y[0, 3]) and np.isneginf(y[1, 4]) and np.isneginf(y[1, 0])

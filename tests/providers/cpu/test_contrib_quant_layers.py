@@ -187,3 +187,28 @@ def test_qlinear_conv_ms(xdt, wdt, channels_last, per_channel):
     y = assert_matches_ort(m_, feeds)[0]
     info = np.iinfo(xdt)
     assert (y == info.min).any() and (y == info.max).any()
+
+
+# ----------------------------------------------------------------------------------- MatMulBnb4
+
+
+@pytest.mark.parametrize("quant_type", [0, 1])
+@pytest.mark.parametrize("k,n,block", [(32, 8, 16), (20, 3, 32), (64, 5, 64)])
+@pytest.mark.parametrize("const_b", [True, False])
+def test_matmul_bnb4(quant_type, k, n, block, const_b):
+    b = RNG.integers(0, 256, (n * k + 1) // 2).astype(np.uint8)
+    absmax = RNG.uniform(0.1, 2.0, -(-n * k // block)).astype(F32)
+    a = RNG.standard_normal((2, 3, k)).astype(F32)
+    consts = {"b": b, "absmax": absmax}
+    feeds = {"a": a} if const_b else {"a": a, **consts}
+    m = model("MatMulBnb4", feeds, consts if const_b else None, ["a", "b", "absmax"],
+              K=k, N=n, block_size=block, quant_type=quant_type)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_bnb4_refuses_short_absmax():
+    feeds = {"a": np.zeros((1, 32), F32), "b": np.zeros(64, np.uint8),
+             "absmax": np.ones(1, F32)}
+    m = model("MatMulBnb4", feeds, None, list(feeds), K=32, N=4, block_size=16, quant_type=1)
+    with pytest.raises(KernelError, match="absmax must hold 8 values"):
+        InferenceSession.builder().from_graph(m).run(feeds)

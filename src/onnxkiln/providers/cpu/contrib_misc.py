@@ -1,4 +1,5 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3 and CropAndResize."""
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3, CropAndResize and
+NGramRepeatBlock."""
 
 from __future__ import annotations
 
@@ -169,5 +170,35 @@ def crop_and_resize(info: NodeInfo) -> Callable[..., np.ndarray]:
             y = top + (bottom - top) * fy
         y = np.where(outside[..., None], _F32.type(fill), y)
         return np.ascontiguousarray(np.moveaxis(y, -1, 1)).astype(x.dtype, copy=False)
+
+    return run
+
+
+@kernel("NGramRepeatBlock", since=1, domain=MS, factory=True, variant="ngramrepeatblock.windows")
+def ngram_repeat_block(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """scores with -inf at every token that would repeat an ngram_size-gram of input_ids if
+    appended to it (the last ngram_size - 1 ids matching an earlier run)."""
+    op = "NGramRepeatBlock"
+    size = int(info.attrs.get("ngram_size", 0))
+    if size <= 0:
+        raise ValueError(f"{op}: ngram_size must be positive, got {size}")
+
+    def run(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if ids.ndim != 2 or scores.ndim != 2 or ids.shape[0] != scores.shape[0]:
+            raise ValueError(f"{op}: input_ids (batch, seq) and scores (batch, vocab) expected, "
+                             f"got {ids.shape} and {scores.shape}")
+        out = scores.copy()
+        seq = ids.shape[1]
+        if seq < size:
+            return out
+        grams = np.lib.stride_tricks.sliding_window_view(ids, size, axis=1)  # [b, seq-size+1, n]
+        tail = ids[:, seq - size + 1:]
+        hit = (grams[:, :, : size - 1] == tail[:, None, :]).all(axis=2)
+        rows, cols = np.nonzero(hit)
+        banned = grams[rows, cols, size - 1]
+        if banned.size and (banned.min() < 0 or banned.max() >= scores.shape[1]):
+            raise IndexError(f"{op}: input_ids must lie in [0, {scores.shape[1]})")
+        out[rows, banned] = -np.inf
+        return out
 
     return run

@@ -4,7 +4,7 @@ QAttention and QEmbedLayerNormalization dequantize their integer operands, (q - 
 * scale, and run the float Attention / EmbedLayerNormalization kernels; constant weights and
 tables are dequantized once. NhwcMaxPool is MaxPool on channels-last (u)int8 data, the
 com.microsoft QLinearConv the ONNX one with an optional channels-last layout; MatMulInteger16
-multiplies 16-bit integers into 32 bits.
+multiplies 16-bit integers into 32 bits; MatMulBnb4 multiplies by bitsandbytes' FP4/NF4 weights.
 """
 
 from __future__ import annotations
@@ -203,3 +203,65 @@ def matmul_integer16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise ValueError(f"{op}: cannot multiply A {a.shape} by B {b.shape}: {e}") from e
     both_unsigned = a.dtype == b.dtype == np.dtype(np.uint16)
     return y.astype(np.uint32 if both_unsigned else np.int32)
+
+
+# bitsandbytes' 4-bit code books (QLoRA): index = the stored nibble
+_BNB4_CODES = {
+    0: np.array([s * v for s in (1, -1)
+                 for v in (0.0, 1 / 192, 2 / 3, 1.0, 1 / 3, 0.5, 1 / 6, 0.25)], _F32),
+    1: np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                 -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                 0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+                 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                 0.7229568362236023, 1.0], _F32),
+}
+
+
+@kernel("MatMulBnb4", since=1, domain=MS, factory=True, variant="matmulbnb4.dequant_blas")
+def matmul_bnb4(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = A @ B' where B [N, K] (flattened, two codes a byte, high nibble first) decodes
+    through the FP4 (quant_type 0) or NF4 (1) code book times its block's absmax; B' is B
+    transposed when transB (default), else B read as [K, N]."""
+    op = "MatMulBnb4"
+    a = info.attrs
+    k, n, block = int(a.get("K", 0)), int(a.get("N", 0)), int(a.get("block_size", 0))
+    quant_type = int(a.get("quant_type", 1))
+    trans_b = bool(a.get("transB", 1))
+    if k <= 0 or n <= 0:
+        raise ValueError(f"{op}: attributes K and N must be positive, got K={k}, N={n}")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"{op}: block_size must be a power of 2 and >= 16, got {block}")
+    if quant_type not in _BNB4_CODES:
+        raise ValueError(f"{op}: quant_type must be 0 (FP4) or 1 (NF4), got {quant_type}")
+    codes = _BNB4_CODES[quant_type]
+    static = const_input(info, 1) is not None and const_input(info, 2) is not None
+    memo: list[np.ndarray] = []
+
+    def weight(b: np.ndarray, absmax: np.ndarray) -> np.ndarray:
+        if b.dtype != np.uint8 or b.size != (n * k + 1) // 2:
+            raise ValueError(f"{op}: B must hold {(n * k + 1) // 2} uint8 values, got "
+                             f"{b.dtype} {b.shape}")
+        n_blocks = -(-n * k // block)
+        if absmax.size != n_blocks:
+            raise ValueError(f"{op}: absmax must hold {n_blocks} values, got {absmax.size}")
+        flat = b.reshape(-1)
+        nib = np.stack([flat >> 4, flat & 0xF], axis=-1).reshape(-1)[: n * k]
+        vals = codes[nib]
+        scale = np.repeat(absmax.reshape(-1).astype(_F32), block)[: n * k]
+        w = (vals * scale).reshape(n, k)
+        return np.ascontiguousarray(w.T) if trans_b else w.reshape(k, n)
+
+    def run(x: np.ndarray, b: np.ndarray, absmax: np.ndarray) -> np.ndarray:
+        if x.dtype != _F32:
+            raise TypeError(f"{op}: A must be float32, got {x.dtype}")
+        if x.ndim < 1 or x.shape[-1] != k:
+            raise ValueError(f"{op}: A's last dim must be K={k}, got shape {x.shape}")
+        if memo:
+            w = memo[0]
+        else:
+            w = weight(b, absmax)
+            if static:
+                memo.append(w)
+        return np.matmul(x, w)
+
+    return run
