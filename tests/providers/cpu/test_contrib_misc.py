@@ -86,3 +86,14 @@ def test_ngram_repeat_block(size):
     y = assert_matches_ort(m, {"ids": ids, "scores": scores})[0]
     if size == 3:
         assert np.isneginf(y[0, 3]) and np.isneginf(y[1, 4]) and np.isneginf(y[1, 0])
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (1, 6, 4), (1, 1), (4, 1), (3, 9), (40, 300)])
+def test_dynamic_time_warping(shape):
+    cost = RNG.uniform(0, 1, shape).astype(F32)
+    assert_matches_ort(model("DynamicTimeWarping", {"c": cost}), {"c": cost})
+
+
+def test_dynamic_time_warping_ties():
+    cost = np.zeros((4, 5), F32)
+    assert_matches_ort(model("DynamicTimeWarping", {"c": cost}), {"c": cost})

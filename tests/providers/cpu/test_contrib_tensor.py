@@ -114,3 +114,10 @@ def test_grid_sample_refuses_onnx20_mode_name():
     feeds = {"x": np.zeros((1, 1, 2, 2), F32), "grid": np.zeros((1, 1, 1, 2), F32)}
     with pytest.raises(ModelLoadError, match="bilinear, nearest or bicubic"):
         ours(model("GridSample", feeds, mode="linear"), feeds)
+
+
+@pytest.mark.parametrize("dim,size,step", [(-1, 3, 1), (0, 2, 2), (1, 4, 3), (1, 7, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int32])  # onnxruntime: no uint8
+def test_unfold_tensor(dim, size, step, dtype):
+    x = RNG.integers(0, 100, (3, 7, 5)).astype(dtype)
+    assert_matches_ort(model("UnfoldTensor", {"x": x}, dim=dim, size=size, step=step), {"x": x})

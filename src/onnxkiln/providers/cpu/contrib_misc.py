@@ -1,5 +1,5 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3, CropAndResize and
-NGramRepeatBlock."""
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3, CropAndResize,
+NGramRepeatBlock and DynamicTimeWarping."""
 
 from __future__ import annotations
 
@@ -202,3 +202,41 @@ def ngram_repeat_block(info: NodeInfo) -> Callable[..., np.ndarray]:
         return out
 
     return run
+
+
+@kernel("DynamicTimeWarping", since=1, domain=MS, variant="dtw.rows")
+def dynamic_time_warping(cost: np.ndarray) -> np.ndarray:
+    """The cheapest monotone path through cost (M, N) or (1, M, N) from (0, 0) to (M-1, N-1)
+    with steps down, right or diagonal: int32 [2, steps] (rows, columns); ties prefer the
+    diagonal, then down."""
+    op = "DynamicTimeWarping"
+    if cost.ndim == 3 and cost.shape[0] == 1:
+        cost = cost[0]
+    if cost.ndim != 2 or min(cost.shape) == 0:
+        raise ValueError(f"{op}: input must be (M, N) or (1, M, N) with M, N > 0, got "
+                         f"{cost.shape}")
+    m, n = cost.shape
+    x = cost.astype(_F32)
+    acc = np.full((m + 1, n + 1), np.inf, _F32)
+    acc[0, 0] = 0
+    trace = np.full((m + 1, n + 1), -1, np.int8)
+    for d in range(2, m + n + 1):  # anti-diagonals i + j = d: each needs the two before it
+        i = np.arange(max(1, d - n), min(m, d - 1) + 1)
+        j = d - i
+        c0, c1, c2 = acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]
+        t = np.where((c0 < c1) & (c0 < c2), 0, np.where((c1 < c0) & (c1 < c2), 1, 2))
+        acc[i, j] = x[i - 1, j - 1] + np.choose(t, (c0, c1, c2))
+        trace[i, j] = t
+    trace[0, :] = 2
+    trace[:, 0] = 1
+    i, j, path = m, n, []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        t = trace[i, j]
+        if t == 0:
+            i, j = i - 1, j - 1
+        elif t == 1:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(path[::-1], np.int32).T.copy()

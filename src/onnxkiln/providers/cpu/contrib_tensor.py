@@ -1,7 +1,8 @@
 """CPU kernels: onnxruntime's com.microsoft tensor ops that mirror or predate ONNX ones.
 
 TransposeMatMul (FusedMatMul without batch transposes), ExpandDims, GatherND, Pad (pads as an
-input), Unique (first-occurrence order), CDist and GridSample (4-D, onnx opset 16 mode names).
+input), Unique (first-occurrence order), CDist, GridSample (4-D, onnx opset 16 mode names) and
+UnfoldTensor.
 """
 
 from __future__ import annotations
@@ -120,3 +121,27 @@ def grid_sample_ms(info: NodeInfo) -> Callable[..., np.ndarray]:
         raise ValueError(f"GridSample: mode must be bilinear, nearest or bicubic, got {mode!r}")
     attrs["mode"] = _GRID_MODES[mode]
     return grid_sample(dataclasses.replace(info, domain="", opset=16, attrs=attrs))
+
+
+@kernel("UnfoldTensor", since=1, domain=MS, factory=True, variant="unfoldtensor.windows")
+def unfold_tensor(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
+    """Every `size`-long slice of axis `dim` (default -1) `step` apart: that axis becomes the
+    slice count, a new last axis of `size` holds each slice."""
+    op = "UnfoldTensor"
+    dim, step = int(info.attrs.get("dim", -1)), int(info.attrs.get("step", 1))
+    if "size" not in info.attrs:
+        raise ValueError(f"{op}: attribute size is required")
+    size = int(info.attrs["size"])
+    if size <= 0 or step <= 0:
+        raise ValueError(f"{op}: size and step must be positive, got {size} and {step}")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if not -x.ndim <= dim < x.ndim:
+            raise ValueError(f"{op}: dim {dim} outside rank {x.ndim}")
+        axis = dim % x.ndim
+        if x.shape[axis] < size:
+            raise ValueError(f"{op}: size {size} exceeds axis {axis} of length {x.shape[axis]}")
+        windows = np.lib.stride_tricks.sliding_window_view(x, size, axis=axis)
+        return np.ascontiguousarray(windows[(slice(None),) * axis + (slice(None, None, step),)])
+
+    return run
