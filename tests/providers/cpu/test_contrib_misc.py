@@ -97,3 +97,18 @@ def test_dynamic_time_warping(shape):
 def test_dynamic_time_warping_ties():
     cost = np.zeros((4, 5), F32)
     assert_matches_ort(model("DynamicTimeWarping", {"c": cost}), {"c": cost})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [(4, 6), (2, 3, 5)])
+def test_gated_add(dtype, shape):
+    feeds = {"x": RNG.standard_normal(shape).astype(dtype),
+             "y": RNG.standard_normal(shape).astype(dtype),
+             "g": RNG.standard_normal((*shape[:-1], 1)).astype(dtype)}
+    assert_matches_ort(model("GatedAdd", feeds), feeds, rtol=1e-6, atol=0)  # rounded as theirs
+
+
+def test_gated_add_refuses_a_mismatched_gate():
+    feeds = {"x": np.zeros((2, 3), F32), "y": np.zeros((2, 3), F32), "g": np.zeros((2, 3), F32)}
+    with pytest.raises(KernelError, match="gate be"):
+        InferenceSession.builder().from_graph(model("GatedAdd", feeds)).run(feeds)

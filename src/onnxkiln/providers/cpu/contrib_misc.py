@@ -1,4 +1,4 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, MurmurHash3, CropAndResize,
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MurmurHash3, CropAndResize,
 NGramRepeatBlock and DynamicTimeWarping."""
 
 from __future__ import annotations
@@ -37,6 +37,26 @@ def scaled_silu(info: NodeInfo) -> Callable[..., np.ndarray]:
         return (z.astype(_F32) * sig.astype(_F32)).astype(x.dtype)
 
     return run
+
+
+@kernel("GatedAdd", since=1, domain=MS, variant="gatedadd.numpy")
+def gated_add(x: np.ndarray, y: np.ndarray, gate: np.ndarray,
+              gate_weight: np.ndarray | None = None) -> np.ndarray:
+    """X + T(Y * gate) with gate (..., 1) per row; X, Y (..., C) of one float type. The projected
+    mode (gate_weight) is refused, as by onnxruntime's CPU provider."""
+    op = "GatedAdd"
+    if gate_weight is not None:
+        raise ValueError(f"{op}: gate_weight (the projected mode) is not supported on CPU")
+    if x.dtype.kind not in "fV" or y.dtype != x.dtype or gate.dtype != x.dtype:
+        raise TypeError(f"{op}: X, Y and gate must share a float type, got {x.dtype}, "
+                        f"{y.dtype}, {gate.dtype}")
+    if y.shape != x.shape or x.ndim == 0 or gate.shape != (*x.shape[:-1], 1):
+        raise ValueError(f"{op}: X {x.shape} and Y {y.shape} must match and gate be "
+                         f"{(*x.shape[:-1], 1)}, got {gate.shape}")
+    if x.dtype == _F32 or x.dtype == np.float64:
+        return x + y * gate
+    prod = (y.astype(_F32) * gate.astype(_F32)).astype(x.dtype)
+    return (x.astype(_F32) + prod.astype(_F32)).astype(x.dtype)
 
 
 # ------------------------------------------------------------------------------------ MurmurHash3
