@@ -212,3 +212,48 @@ def test_matmul_bnb4_refuses_short_absmax():
     m = model("MatMulBnb4", feeds, None, list(feeds), K=32, N=4, block_size=16, quant_type=1)
     with pytest.raises(KernelError, match="absmax must hold 8 values"):
         InferenceSession.builder().from_graph(m).run(feeds)
+
+
+# ------------------------------------------------------------------- quantize_dynamic end to end
+
+
+def test_quantize_dynamic_bert_block_matches_onnxruntime(tmp_path):
+    """quantize_dynamic turns EmbedLayerNormalization + Attention into QEmbedLayerNormalization,
+    DynamicQuantizeLinear and QAttention; the quantized model runs as onnxruntime runs it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from onnxkiln.testing import run_ort
+
+    b, s, d, vocab = 2, 6, 16, 40
+    weights = {"word": RNG.standard_normal((vocab, d)) * 0.5, "pos": RNG.standard_normal((s, d)),
+               "segt": RNG.standard_normal((2, d)), "gamma": RNG.uniform(0.5, 1.5, d),
+               "beta": RNG.standard_normal(d) * 0.1, "w": RNG.standard_normal((d, 3 * d)) * 0.3,
+               "bias": RNG.standard_normal(3 * d) * 0.1}
+    nodes = [
+        helper.make_node("EmbedLayerNormalization",
+                         ["ids", "seg", "word", "pos", "segt", "gamma", "beta", "mask"],
+                         ["emb", "mask_index"], domain=MS, epsilon=1e-12),
+        helper.make_node("Attention", ["emb", "w", "bias", "mask_index"], ["y"], domain=MS,
+                         num_heads=2),
+    ]
+    graph = helper.make_graph(
+        nodes, "bert_block",
+        [helper.make_tensor_value_info(n, TensorProto.INT32, [b, s]) for n in ("ids", "seg",
+                                                                              "mask")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, s, d])],
+        [numpy_helper.from_array(v.astype(F32), k) for k, v in weights.items()])
+    fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid(MS, 1)])
+    onnx.save(fp32, tmp_path / "fp32.onnx")
+    quantize_dynamic(tmp_path / "fp32.onnx", tmp_path / "q.onnx", weight_type=QuantType.QUInt8,
+                     op_types_to_quantize=["Attention", "EmbedLayerNormalization"])
+    quantized = onnx.load(tmp_path / "q.onnx")
+    assert {"QAttention", "QEmbedLayerNormalization"} <= {n.op_type for n in quantized.graph.node}
+    mask = np.ones((b, s), np.int32)
+    mask[1, 4:] = 0
+    feeds = {"ids": RNG.integers(0, vocab, (b, s)).astype(np.int32),
+             "seg": RNG.integers(0, 2, (b, s)).astype(np.int32), "mask": mask}
+    ours = InferenceSession.builder().from_graph(quantized).run(feeds)[0]
+    np.testing.assert_allclose(ours, run_ort(quantized, feeds)[0], rtol=1e-5, atol=1e-5)
