@@ -112,3 +112,35 @@ def test_gated_add_refuses_a_mismatched_gate():
     feeds = {"x": np.zeros((2, 3), F32), "y": np.zeros((2, 3), F32), "g": np.zeros((2, 3), F32)}
     with pytest.raises(KernelError, match="gate be"):
         InferenceSession.builder().from_graph(model("GatedAdd", feeds)).run(feeds)
+
+
+BIFURCATION_SRC = np.array([756, 194, 39, 1015, 5529, 1216, 24, 72, 23, 1976, 6174, 1340, 6, 39,
+                            194, 2161, 1480, 4955, 8, 7806, 65, 1091, 8, 560, 4077, 196],
+                           np.int64)
+
+
+@pytest.mark.parametrize("cur,prev,pred_from", [
+    ([2, 756, 194, 39, 8155, 23], 0, None),
+    ([2, 756, 194, 39], 3, "src"),        # prediction follows src then leaves it
+    ([2], 0, "src"),                       # a prediction that matches src to the end
+    ([5, 6, 39, 194], 20, "noise"),
+    ([2, 8], 0, None),                     # "8" occurs twice in src
+    ([1976, 6174], 0, None),
+    ([4077, 196], 0, None),                # the match ends src
+])
+@pytest.mark.parametrize("ngrams", [(1, 3), (2, 5), (1, 1)])
+def test_bifurcation_detector(cur, prev, pred_from, ngrams):
+    src = BIFURCATION_SRC
+    feeds = {"src": src, "cur": np.array(cur, np.int64), "prev": np.array(prev, np.int64)}
+    names = ["src", "cur", "prev"]
+    if pred_from is not None:
+        pred = np.concatenate([src[prev:], [7]]).astype(np.int64)
+        if pred_from == "noise":
+            pred[2] = 99999
+        elif cur == [2, 756, 194, 39]:
+            pred[4] = 1
+        feeds["pred"] = pred
+        names.append("pred")
+    m = node_model("BifurcationDetector", feeds, n_outputs=2, domain=MS, input_names=names,
+                   min_ngram_size=ngrams[0], max_ngram_size=ngrams[1])
+    assert_matches_ort(m, feeds)

@@ -1,5 +1,5 @@
 """CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MurmurHash3, CropAndResize,
-NGramRepeatBlock and DynamicTimeWarping."""
+NGramRepeatBlock, BifurcationDetector and DynamicTimeWarping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.special
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -260,3 +260,57 @@ def dynamic_time_warping(cost: np.ndarray) -> np.ndarray:
         else:
             j -= 1
     return np.array(path[::-1], np.int32).T.copy()
+
+
+def _occurrences(src: np.ndarray, gram: np.ndarray) -> np.ndarray:
+    """Start positions of gram as a contiguous run of src."""
+    if gram.size > src.size:
+        return np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(src, gram.size)
+    return np.nonzero((windows == gram).all(axis=1))[0]
+
+
+@kernel("BifurcationDetector", since=1, domain=MS, factory=True, multi_output=True,
+        variant="bifurcation.numpy", capture=CaptureSupport.DATA_DEPENDENT_SHAPE)
+def bifurcation_detector(info: NodeInfo) -> Callable[..., tuple]:
+    """Aggressive decoding's merge step: tokens = cur_tokens + pred_tokens up to and including
+    the first one that leaves src_tokens[prev_suffix_match_idx:]; then the suffix match index:
+    for n-grams of tokens' tail from min_ngram_size up, the end in src_tokens of a unique
+    match (-1 while matches repeat), stopping at no match or a match ending src_tokens."""
+    op = "BifurcationDetector"
+    lo, hi = int(info.attrs.get("min_ngram_size", 1)), int(info.attrs.get("max_ngram_size", 3))
+    if lo <= 0 or hi < lo:
+        raise ValueError(f"{op}: need 0 < min_ngram_size <= max_ngram_size, got {lo}, {hi}")
+
+    def run(src, cur, prev_idx, pred=None):
+        for name, t in (("src_tokens", src), ("cur_tokens", cur), ("pred_tokens", pred)):
+            if t is not None and (t.dtype != np.int64 or t.ndim != 1):
+                raise TypeError(f"{op}: {name} must be 1-D int64, got {t.dtype} {t.shape}")
+        if prev_idx.size != 1:
+            raise ValueError(f"{op}: prev_suffix_match_idx must be a scalar")
+        tokens = cur
+        if pred is not None:
+            start = int(prev_idx.reshape(-1)[0])
+            if not 0 <= start <= src.size or pred.size != src.size + 1 - start:
+                raise ValueError(f"{op}: pred_tokens must hold len(src_tokens) + 1 - "
+                                 f"prev_suffix_match_idx = {src.size + 1 - start} tokens, got "
+                                 f"{pred.size}")
+            n = src.size - start
+            differ = np.nonzero(pred[:n] != src[start:])[0]
+            keep = (int(differ[0]) if differ.size else n) + 1
+            tokens = np.concatenate([cur, pred[:keep]])
+        found = -1
+        for n in range(lo, hi + 1):
+            if n > tokens.size:
+                break
+            hits = _occurrences(src, tokens[tokens.size - n:])
+            if hits.size == 0:
+                break
+            end = int(hits[0]) + n
+            if end >= src.size:
+                found = end
+                break
+            found = end if hits.size == 1 else -1
+        return tokens.copy(), np.full(prev_idx.shape, found, np.int64)
+
+    return run
