@@ -144,3 +144,23 @@ def test_bifurcation_detector(cur, prev, pred_from, ngrams):
     m = node_model("BifurcationDetector", feeds, n_outputs=2, domain=MS, input_names=names,
                    min_ngram_size=ngrams[0], max_ngram_size=ngrams[1])
     assert_matches_ort(m, feeds)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_word_conv_embedding(width):
+    seq = np.array([[3, 5, 1, 0, 0, 0], [7, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6], [2, 2, 0, 4, 0, 0]],
+                   np.int32)  # the last word: three ids > 0, so its first three chars count
+    feeds = {"seq": seq}
+    inits = {"w": RNG.standard_normal((5, 1, width, 4)).astype(F32),
+             "b": RNG.standard_normal(5).astype(F32),
+             "c": RNG.standard_normal((8, 4)).astype(F32)}
+    m = model("WordConvEmbedding", feeds, inits, conv_window_size=width)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-6)
+
+
+def test_word_conv_embedding_refuses_a_mismatched_attribute():
+    feeds = {"seq": np.ones((1, 3), np.int32)}
+    inits = {"w": np.zeros((2, 1, 2, 4), F32), "b": np.zeros(2, F32), "c": np.zeros((3, 4), F32)}
+    with pytest.raises(KernelError, match="embedding_size attribute 3 does not match 2"):
+        InferenceSession.builder().from_graph(
+            model("WordConvEmbedding", feeds, inits, embedding_size=3)).run(feeds)

@@ -1,5 +1,5 @@
 """CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MurmurHash3, CropAndResize,
-NGramRepeatBlock, BifurcationDetector and DynamicTimeWarping."""
+NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and WordConvEmbedding."""
 
 from __future__ import annotations
 
@@ -312,5 +312,49 @@ def bifurcation_detector(info: NodeInfo) -> Callable[..., tuple]:
                 break
             found = end if hits.size == 1 else -1
         return tokens.copy(), np.full(prev_idx.shape, found, np.int64)
+
+    return run
+
+
+@kernel("WordConvEmbedding", since=1, domain=MS, factory=True, variant="wordconv.windows")
+def word_conv_embedding(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Per word of Sequence [words, chars] (int32 char ids; a word's length counts its ids > 0,
+    0 when its first id is 0): char embeddings C, a width-W convolution W [M, 1, W, E] + B,
+    tanh, max over the windows of its max(length, W) leading chars: [words, M]. Empty words
+    give zeros (onnxruntime leaves them unset)."""
+    op = "WordConvEmbedding"
+    want = {k: int(info.attrs.get(k, -1)) for k in ("embedding_size", "conv_window_size",
+                                                    "char_embedding_size")}
+
+    def run(seq, w, b, chars):
+        if seq.ndim != 2 or seq.dtype != np.int32:
+            raise TypeError(f"{op}: Sequence must be 2-D int32, got {seq.dtype} {seq.shape}")
+        if w.ndim != 4 or chars.ndim != 2 or w.shape[1] != 1 or w.shape[3] != chars.shape[1]:
+            raise ValueError(f"{op}: W must be [M, 1, window, E] with C [chars, E], got "
+                             f"{w.shape} and {chars.shape}")
+        m, _, width, e = w.shape
+        for key, got in (("embedding_size", m), ("conv_window_size", width),
+                         ("char_embedding_size", e)):
+            if want[key] != -1 and want[key] != got:
+                raise ValueError(f"{op}: {key} attribute {want[key]} does not match {got}")
+        if b.shape != (m,):
+            raise ValueError(f"{op}: B must have shape ({m},), got {b.shape}")
+        n_words, n_chars = seq.shape
+        if width > n_chars:
+            raise ValueError(f"{op}: conv window {width} exceeds the word length {n_chars}")
+        lengths = np.where(seq[:, 0] > 0, (seq > 0).sum(axis=1), 0)
+        span = np.where(lengths > 0, np.maximum(lengths, width), 0)
+        used = np.arange(n_chars)[None, :] < span[:, None]
+        ids = np.where(used, seq, 0)
+        if ids.size and (ids.min() < 0 or ids.max() >= chars.shape[0]):
+            raise IndexError(f"{op}: char ids must lie in [0, {chars.shape[0]})")
+        emb = chars.astype(_F32)[ids]  # [words, chars, E]
+        windows = np.lib.stride_tricks.sliding_window_view(emb, width, axis=1)  # [.., u, E, W]
+        flat = windows.transpose(0, 1, 3, 2).reshape(n_words, n_chars - width + 1, width * e)
+        conv = np.tanh(flat @ w.reshape(m, width * e).T.astype(_F32) + b.astype(_F32))
+        valid = np.arange(n_chars - width + 1)[None, :] < (span - width + 1)[:, None]
+        conv = np.where(valid[..., None], conv, -np.inf)
+        out = conv.max(axis=1, initial=-np.inf)
+        return np.where(lengths[:, None] > 0, out, 0).astype(_F32)
 
     return run
