@@ -164,3 +164,19 @@ def test_word_conv_embedding_refuses_a_mismatched_attribute():
     with pytest.raises(KernelError, match="embedding_size attribute 3 does not match 2"):
         InferenceSession.builder().from_graph(
             model("WordConvEmbedding", feeds, inits, embedding_size=3)).run(feeds)
+
+
+@pytest.mark.parametrize("layout,section", [(0, [2, 3, 3]), (1, [4, 2, 2]), (0, [8, 0, 0])])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("four_d", [False, True])
+def test_m_rotary_embedding(layout, section, interleaved, four_d):
+    b, s, heads, head = 2, 5, 2, 16
+    x = RNG.standard_normal((b, heads, s, head) if four_d else (b, s, heads * head)).astype(F32)
+    pos = RNG.integers(0, 20, (3, b, s)).astype(np.int64)
+    angles = RNG.uniform(0, 6, (20, head // 2))
+    feeds = {"x": x, "pos": pos, "cos": np.cos(angles).astype(F32),
+             "sin": np.sin(angles).astype(F32)}
+    attrs = {} if four_d else {"num_heads": heads}
+    m = model("MRotaryEmbedding", feeds, mrope_section=section, mrope_layout=layout,
+              interleaved=interleaved, **attrs)
+    assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)

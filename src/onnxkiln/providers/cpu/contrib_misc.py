@@ -1,5 +1,5 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MurmurHash3, CropAndResize,
-NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and WordConvEmbedding."""
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MRotaryEmbedding, MurmurHash3,
+CropAndResize, NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and WordConvEmbedding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import scipy.special
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu.contrib_transformer import MS
+from onnxkiln.providers.cpu.contrib_transformer import MS, rotary_embedding_ms
 from onnxkiln.providers.cpu.registry import kernel
 
 _F32 = np.dtype(np.float32)
@@ -57,6 +57,58 @@ def gated_add(x: np.ndarray, y: np.ndarray, gate: np.ndarray,
         return x + y * gate
     prod = (y.astype(_F32) * gate.astype(_F32)).astype(x.dtype)
     return (x.astype(_F32) + prod.astype(_F32)).astype(x.dtype)
+
+
+def _mrope_streams(section: tuple[int, ...], layout: int) -> np.ndarray:
+    """Which position stream (0 T, 1 H, 2 W) feeds each cos/sin column."""
+    width = sum(section)
+    if layout == 0:
+        return np.repeat(np.arange(3), section)
+    streams = np.zeros(width, np.int64)
+    streams[1 : section[1] * 3 : 3] = 1
+    streams[2 : section[2] * 3 : 3] = 2
+    return streams
+
+
+@kernel("MRotaryEmbedding", since=1, domain=MS, factory=True, variant="mrope.numpy")
+def m_rotary_embedding(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Multimodal RoPE (Qwen-VL): each cos/sin column comes from the T, H or W position stream
+    of position_ids (3, B, S), by mrope_section in chunks (mrope_layout 0) or interleaved (1);
+    then RotaryEmbedding."""
+    op = "MRotaryEmbedding"
+    section = tuple(int(v) for v in info.attrs.get("mrope_section", ()))
+    layout = int(info.attrs.get("mrope_layout", 0))
+    if len(section) != 3 or min(section) < 0:
+        raise ValueError(f"{op}: mrope_section must be 3 non-negative integers, got {section}")
+    if layout not in (0, 1):
+        raise ValueError(f"{op}: mrope_layout must be 0 or 1, got {layout}")
+    if int(info.attrs.get("is_packed_batching", 0)):
+        raise ValueError(f"{op}: is_packed_batching is not supported")
+    streams = _mrope_streams(section, layout)
+    width = streams.size
+    rope = rotary_embedding_ms(info)
+
+    def run(x, position_ids, cos_cache, sin_cache):
+        if x.ndim not in (3, 4):
+            raise ValueError(f"{op}: input must be 3-D or 4-D, got {x.shape}")
+        b, s = x.shape[0], x.shape[-2 if x.ndim == 4 else 1]
+        pid = np.asarray(position_ids, np.int64)
+        if pid.shape != (3, b, s):
+            raise ValueError(f"{op}: position_ids shape {pid.shape} expected {(3, b, s)}")
+        if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape or (
+                cos_cache.shape[1] < width):
+            raise ValueError(f"{op}: cos_cache/sin_cache must be one 2-D shape at least "
+                             f"{width} wide (sum of mrope_section), got {cos_cache.shape}, "
+                             f"{sin_cache.shape}")
+        if pid.size and (pid.min() < 0 or pid.max() >= cos_cache.shape[0]):
+            raise IndexError(f"{op}: position ids must lie in [0, {cos_cache.shape[0]})")
+        cols = np.arange(width)
+        rows = pid[streams]  # (width, B, S): each column's position
+        cos = cos_cache[rows, cols[:, None, None]].transpose(1, 2, 0).reshape(b * s, width)
+        sin = sin_cache[rows, cols[:, None, None]].transpose(1, 2, 0).reshape(b * s, width)
+        return rope(x, np.arange(b * s).reshape(b, s), cos, sin)
+
+    return run
 
 
 # ------------------------------------------------------------------------------------ MurmurHash3
