@@ -180,3 +180,16 @@ def test_m_rotary_embedding(layout, section, interleaved, four_d):
     m = model("MRotaryEmbedding", feeds, mrope_section=section, mrope_layout=layout,
               interleaved=interleaved, **attrs)
     assert_matches_ort(m, feeds, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swish", "sigmoid"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_gated_rms_norm(activation, dtype, groups):
+    c = 8
+    x = RNG.standard_normal((2, 4, groups * c)).astype(dtype)
+    feeds = {"x": x, "scale": RNG.uniform(0.5, 1.5, c).astype(dtype),
+             "gate": RNG.standard_normal(x.shape).astype(dtype)}
+    m = model("GatedRMSNorm", feeds, activation=activation, epsilon=1e-5)
+    tol = 1e-5 if dtype == np.float32 else 2e-3
+    assert_matches_ort(m, feeds, rtol=tol, atol=tol)

@@ -1,5 +1,6 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, MRotaryEmbedding, MurmurHash3,
-CropAndResize, NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and WordConvEmbedding."""
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, GatedRMSNorm, MRotaryEmbedding,
+MurmurHash3, CropAndResize, NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and
+WordConvEmbedding."""
 
 from __future__ import annotations
 
@@ -57,6 +58,35 @@ def gated_add(x: np.ndarray, y: np.ndarray, gate: np.ndarray,
         return x + y * gate
     prod = (y.astype(_F32) * gate.astype(_F32)).astype(x.dtype)
     return (x.astype(_F32) + prod.astype(_F32)).astype(x.dtype)
+
+
+@kernel("GatedRMSNorm", since=1, domain=MS, factory=True, variant="gatedrmsnorm.numpy")
+def gated_rms_norm(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = X * rsqrt(mean(X^2) + epsilon) * scale * act(gate) over each group of len(scale)
+    trailing elements; act silu/swish (default) or sigmoid; float32 arithmetic, Y in X's type."""
+    op = "GatedRMSNorm"
+    act = _attr_str(info, "activation", "silu")
+    if act not in ("silu", "swish", "sigmoid"):
+        raise ValueError(f"{op}: activation must be silu, swish or sigmoid, got {act!r}")
+    eps = float(info.attrs.get("epsilon", 1e-5))
+
+    def run(x: np.ndarray, scale: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        if x.dtype.kind not in "fV" or scale.dtype != x.dtype or gate.dtype != x.dtype:
+            raise TypeError(f"{op}: X, scale and gate must share a float type, got {x.dtype}, "
+                            f"{scale.dtype}, {gate.dtype}")
+        c = scale.size
+        if scale.ndim != 1 or x.ndim == 0 or c == 0 or x.shape[-1] % c or gate.shape != x.shape:
+            raise ValueError(f"{op}: X's last dim {x.shape[-1] if x.ndim else None} must be a "
+                             f"multiple of scale's length {c} (1-D) and gate {gate.shape} match X "
+                             f"{x.shape}")
+        xf = x.astype(_F32).reshape(*x.shape[:-1], -1, c)
+        g = gate.astype(_F32).reshape(xf.shape)
+        inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + _F32.type(eps))
+        sig = scipy.special.expit(g)
+        y = xf * inv * scale.astype(_F32) * (sig if act == "sigmoid" else g * sig)
+        return y.reshape(x.shape).astype(x.dtype)
+
+    return run
 
 
 def _mrope_streams(section: tuple[int, ...], layout: int) -> np.ndarray:
