@@ -193,3 +193,16 @@ def test_gated_rms_norm(activation, dtype, groups):
     m = model("GatedRMSNorm", feeds, activation=activation, epsilon=1e-5)
     tol = 1e-5 if dtype == np.float32 else 2e-3
     assert_matches_ort(m, feeds, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("flattened", [False, True])
+@pytest.mark.parametrize("scale_shape", [None, (12,), (3, 4), (4,)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_branchwise_rms_norm(flattened, scale_shape, dtype):
+    x = RNG.standard_normal((2, 5, 12) if flattened else (2, 5, 3, 4)).astype(dtype)
+    feeds = {"x": x}
+    if scale_shape is not None:
+        feeds["scale"] = RNG.uniform(0.5, 1.5, scale_shape).astype(dtype)
+    attrs = {"num_branches": 3} if flattened else {}
+    tol = 1e-5 if dtype == np.float32 else 2e-3
+    assert_matches_ort(model("BranchwiseRMSNorm", feeds, **attrs), feeds, rtol=tol, atol=tol)

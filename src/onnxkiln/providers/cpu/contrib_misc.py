@@ -1,6 +1,6 @@
-"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, GatedRMSNorm, MRotaryEmbedding,
-MurmurHash3, CropAndResize, NGramRepeatBlock, BifurcationDetector, DynamicTimeWarping and
-WordConvEmbedding."""
+"""CPU kernels: smaller com.microsoft ops: ScaledSiLU, GatedAdd, GatedRMSNorm, BranchwiseRMSNorm,
+MRotaryEmbedding, MurmurHash3, CropAndResize, NGramRepeatBlock, BifurcationDetector,
+DynamicTimeWarping and WordConvEmbedding."""
 
 from __future__ import annotations
 
@@ -84,6 +84,40 @@ def gated_rms_norm(info: NodeInfo) -> Callable[..., np.ndarray]:
         inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + _F32.type(eps))
         sig = scipy.special.expit(g)
         y = xf * inv * scale.astype(_F32) * (sig if act == "sigmoid" else g * sig)
+        return y.reshape(x.shape).astype(x.dtype)
+
+    return run
+
+
+@kernel("BranchwiseRMSNorm", since=1, domain=MS, factory=True, variant="branchrmsnorm.numpy")
+def branchwise_rms_norm(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """RMS normalization of each branch: X (..., C, H), or (..., C * H) with num_branches = C;
+    optional scale (C * H), (C, H) or (H); float32 arithmetic, Y in X's type and shape."""
+    op = "BranchwiseRMSNorm"
+    branches = int(info.attrs.get("num_branches", 0))
+    eps = float(info.attrs.get("epsilon", 1e-5))
+    if branches < 0:
+        raise ValueError(f"{op}: num_branches must be >= 0, got {branches}")
+
+    def run(x: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype.kind not in "fV":
+            raise TypeError(f"{op}: X must be a float tensor, got {x.dtype}")
+        if branches:
+            if x.ndim < 1 or x.shape[-1] % branches:
+                raise ValueError(f"{op}: X's last dim must be a multiple of num_branches "
+                                 f"{branches}, got shape {x.shape}")
+            xf = x.astype(_F32).reshape(*x.shape[:-1], branches, -1)
+        else:
+            if x.ndim < 2:
+                raise ValueError(f"{op}: grouped X must be (..., C, H), got shape {x.shape}")
+            xf = x.astype(_F32)
+        c, h = xf.shape[-2:]
+        y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + _F32.type(eps))
+        if scale is not None:
+            if scale.shape not in ((c * h,), (c, h), (h,)):
+                raise ValueError(f"{op}: scale must be ({c * h},), ({c}, {h}) or ({h},), got "
+                                 f"{scale.shape}")
+            y *= scale.astype(_F32).reshape(-1, h)
         return y.reshape(x.shape).astype(x.dtype)
 
     return run
