@@ -577,3 +577,23 @@ def test_sparse_values_and_indices_of_the_wrong_form_are_refused():
 def test_sparse_attribute_outside_constant_is_refused():
     with pytest.raises(ModelLoadError, match="only as Constant's sparse_value"):
         InferenceSession.from_graph(_sparse_model(_sparse([3], [0, 1, 2], [3]), op="Foo"))
+
+
+def test_functions_imported_at_another_opset_run_at_the_models_as_onnxruntime():
+    """skl2onnx writes ai.onnx 21 functions into opset 22 models; onnxruntime runs them."""
+    ort = pytest.importorskip("onnxruntime")
+    body = [helper.make_node("Add", ["a", "a"], ["s"]), helper.make_node("Relu", ["s"], ["b"])]
+    func = helper.make_function("local", "twice", ["a"], ["b"], body,
+                                [helper.make_opsetid("", 21)])
+    graph = helper.make_graph(
+        [helper.make_node("twice", ["x"], ["y"], domain="local")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, functions=[func], ir_version=10, opset_imports=[
+        helper.make_opsetid("", 22), helper.make_opsetid("local", 1)])
+    x = np.array([-1, 2, 3], np.float32)
+    (want,) = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (got,) = InferenceSession.load_bytes(model.SerializeToString()).run({"x": x})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [0, 4, 6])

@@ -118,6 +118,7 @@ def inline_functions(model: ir.Model) -> None:
         used.add(candidate)
         return candidate
 
+    _align_function_opsets(model)
     with _inline_lock:
         original = inliner._make_unique_name
         inliner._make_unique_name = unique_name
@@ -125,3 +126,15 @@ def inline_functions(model: ir.Model) -> None:
             InlinePass()(model)
         finally:
             inliner._make_unique_name = original
+
+
+def _align_function_opsets(model: ir.Model) -> None:
+    """A function importing a domain at another version than the model (skl2onnx writes
+    ai.onnx 21 functions into opset 22 models) takes the model's version: inlined, its
+    nodes run at the model's opset, as onnxruntime runs them. onnx_ir's pass refuses the
+    mismatch otherwise."""
+    for function in model.functions.values():
+        for domain, version in list(function.opset_imports.items()):
+            model_version = model.opset_imports.get(domain)
+            if model_version is not None and model_version != version:
+                function.opset_imports[domain] = model_version
