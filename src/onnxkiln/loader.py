@@ -22,13 +22,16 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from onnxkiln import tensor_data
+from onnxkiln.dtypes import DataType
 from onnxkiln.errors import ModelLoadError
 from onnxkiln.inlining import MAX_INLINED_NODES, check_inlined_size, inline_functions
+from onnxkiln.types import IoMeta
 
 __all__ = [
     "MAP_TYPES",
     "MAX_SUBGRAPH_DEPTH",
     "from_graph",
+    "io_meta",
     "load_bytes",
     "load_path",
     "map_io_kind",
@@ -382,3 +385,23 @@ def map_io_kind(model: ir.Model, name: str) -> tuple[str, int] | None:
     value = inner.map_type.value_type
     elem = value.tensor_type.elem_type if value.HasField("tensor_type") else 0
     return outer, elem
+
+
+def io_meta(model: ir.Model, value: ir.Value, optional: bool = False) -> IoMeta:
+    """What `inputs()`/`outputs()` report for graph input or output `value`."""
+    mapped = map_io_kind(model, value.name or "")
+    if mapped is not None:  # map types live beside the IR (onnx_ir cannot hold them)
+        kind, elem = mapped
+        return IoMeta(value.name or "", DataType(elem), None, kind, optional or kind == "optional")
+    t = value.type
+    kind = "tensor"
+    if isinstance(t, ir.SequenceType):
+        kind = "sequence"
+    elif isinstance(t, ir.OptionalType):
+        kind, optional = "optional", True
+    dtype = DataType(value.dtype) if value.dtype is not None else DataType.UNDEFINED
+    shape = None
+    if value.shape is not None and kind == "tensor":
+        shape = tuple((d if d >= 0 else None) if isinstance(d, int) else d.value
+                      for d in value.shape)  # negative: any size, as onnxruntime reads it
+    return IoMeta(value.name or "", dtype, shape, kind, optional)

@@ -4,7 +4,6 @@ onnxkiln.builder). No op logic lives here."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from collections.abc import Sequence
@@ -23,14 +22,12 @@ from onnxkiln.device_graph import CaptureContext, DeviceGraphs
 from onnxkiln.dtypes import DataType
 from onnxkiln.errors import (
     CaptureError,
-    InvalidInputError,
     InvalidOptionError,
     SequenceOutputError,
 )
 from onnxkiln.executor import (
     CancelHook,
     CompiledPlan,
-    Deadline,
     cancel_scope,
     cancelled,
     combine_hooks,
@@ -52,6 +49,7 @@ from onnxkiln.partition import (
 from onnxkiln.plan import Plan, prune_outputs
 from onnxkiln.pool import run_enter, run_leave, run_scope
 from onnxkiln.providers.base import ControlFlowCounter
+from onnxkiln.run_args import check_cancel, deadline, each_once, output_kind, split_run_args
 from onnxkiln.specialize import PlanSpecializer, Specialization, SpecializationCache
 from onnxkiln.threads import default_threads
 from onnxkiln.trace import TraceContext
@@ -69,7 +67,7 @@ from onnxkiln.types import (
     SessionOutput,
     WarmupShape,
 )
-from onnxkiln.validation import InputValidator, closest_name
+from onnxkiln.validation import InputValidator
 
 __all__ = ["InferenceSession", "SessionBuilder"]
 
@@ -116,8 +114,8 @@ class InferenceSession:
             placement = with_context_providers(placement)
             folder = Path(model_path).resolve().parent if model_path is not None else model_dir
             model = ep_context_load.load_with_contexts(model, folder, placement.providers)
-        model = _optimize(model, config._optimization, placement,
-                          self._options.get("optimized_model_path"))
+        model = optimizer.optimize_and_save(model, config._optimization, placement.registries,
+                                            self._options.get("optimized_model_path"))
         self._ep_partitions: list[ep_context.CompiledPartition] = []
         compiler = next((p for p in placement.providers if hasattr(p, "compile")), None)
         if compiler is not None:
@@ -133,9 +131,10 @@ class InferenceSession:
         self._compiled = CompiledPlan(  # memory.inplace unset: ONNXKILN_INPLACE, else on
             self._plan, inplace={"0": False, "1": True}.get(self._options.get("memory.inplace")))
         self._inputs = [
-            _io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
+            loader.io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
         ]
-        self._outputs = [_io_meta(model, v) for v in model.graph.outputs]
+        self._outputs = [loader.io_meta(model, v) for v in model.graph.outputs]
+        self._output_names = [m.name for m in self._outputs]
         defaults = [self._plan.input_defaults.get(s) for s in self._plan.input_slots]
         self._validator = InputValidator(self._inputs, defaults,
                                          device=next((p for p in placement.providers
@@ -221,9 +220,9 @@ class InferenceSession:
             >>> y, = session.run({"x": x}, timeout=5.0)  # give up after 5 s
             >>> logits, = session.run(["logits"], {"input_ids": ids})
         """
-        inputs, names = self._run_args("run", args, outputs)
+        inputs, names = split_run_args("run", args, outputs, self._output_names)
         self._decode_memo.note_ineligible()
-        cancel = _deadline(cancel, timeout)
+        cancel = deadline(cancel, timeout)
         if names is None:
             return self._run(inputs, cancel=cancel, tensors=True)
         return self._run_selected(inputs, names, cancel, tensors=True)
@@ -233,45 +232,15 @@ class InferenceSession:
                     timeout: float | None = None) -> list[SessionOutput]:
         """Run and keep each output's kind (tensor, sequence, map, optional); the forms,
         `outputs`, `cancel` and `timeout` as in `run`."""
-        inputs, names = self._run_args("run_outputs", args, outputs)
+        inputs, names = split_run_args("run_outputs", args, outputs, self._output_names)
         self._decode_memo.note_ineligible()
-        cancel = _deadline(cancel, timeout)
+        cancel = deadline(cancel, timeout)
         if names is None:
             names = [m.name for m in self._outputs]
             values = self._run(inputs, cancel=cancel)
         else:
             values = self._run_selected(inputs, names, cancel, tensors=False)
-        return [SessionOutput(n, _kind(v), v) for n, v in zip(names, values)]
-
-    def _run_args(self, method: str, args: tuple, outputs: Sequence[str] | None
-                  ) -> tuple[Any, list[str] | None]:
-        """(inputs, selected output names or None for all) from run's two call forms."""
-        if len(args) == 2:
-            if outputs is not None:
-                raise InvalidInputError(f"{method}(): give the output names either first "
-                                        "(onnxruntime's order) or as outputs=, not both")
-            outputs, inputs = args
-        elif len(args) == 1:
-            inputs = args[0]
-        else:
-            hint = (" (onnxruntime's RunOptions: use onnxkiln.compat, or cancel= and "
-                    "timeout= here)" if len(args) == 3 else "")
-            raise InvalidInputError(
-                f"{method}() takes the inputs, or (output names, inputs) in onnxruntime's "
-                f"order; got {len(args)} positional arguments{hint}")
-        if outputs is None:
-            return inputs, None
-        if isinstance(outputs, str) or not isinstance(outputs, Sequence) or not all(
-                isinstance(n, str) for n in outputs):
-            raise InvalidInputError(f"output names must be a list of str, got {outputs!r}")
-        known = {m.name for m in self._outputs}
-        for name in outputs:
-            if name not in known:
-                close = closest_name(name, list(known))
-                hint = f"; did you mean '{close}'?" if close else ""
-                raise InvalidInputError(f"unknown output '{name}'; the model's outputs are "
-                                        f"{[m.name for m in self._outputs]}{hint}")
-        return inputs, (list(outputs) or None)
+        return [SessionOutput(n, output_kind(v), v) for n, v in zip(names, values)]
 
     def _run_selected(self, inputs: Any, names: list[str], cancel: Any,
                       tensors: bool) -> list[Any]:
@@ -281,9 +250,9 @@ class InferenceSession:
         wanted = tuple(sorted({position[n] for n in names}))
         if len(wanted) == len(self._outputs) or self._track_memory:
             values = self._run(inputs, cancel=cancel, tensors=tensors)
-            return _each_once([values[position[n]] for n in names])
+            return each_once([values[position[n]] for n in names])
         if cancel is not None:
-            _check_cancel(cancel)
+            check_cancel(cancel)
         compiled = self._pruned(wanted)
         values, _ = self._validator.bind(inputs)
         previous = run_enter(self._threads)
@@ -297,7 +266,7 @@ class InferenceSession:
         metas = [self._outputs[i] for i in wanted]
         results = self._finish(results, compiled.plan.output_may_alias, tensors, metas)
         at = {p: results[k] for k, p in enumerate(wanted)}
-        return _each_once([at[position[n]] for n in names])
+        return each_once([at[position[n]] for n in names])
 
     def _pruned(self, wanted: tuple[int, ...]) -> CompiledPlan:
         """The compiled plan of the outputs at positions `wanted` (the last 16 kept)."""
@@ -314,7 +283,7 @@ class InferenceSession:
     def _run(self, inputs: Any, trace: bool = True, cancel: Any = None,
              specialize_now: bool = False, tensors: bool = False) -> list[Any]:
         if cancel is not None:
-            _check_cancel(cancel)
+            check_cancel(cancel)
         values, signature = self._validator.bind(inputs)
         entry = self._cache.get(signature)
         compiled = entry.compiled
@@ -350,7 +319,7 @@ class InferenceSession:
                     outputs[i] = value.copy()
             elif tensors:
                 raise SequenceOutputError(f"output '{(metas or self._outputs)[i].name}' is a "
-                                          f"{_kind(value)}, not a tensor; use run_outputs()")
+                                          f"{output_kind(value)}, not a tensor; use run_outputs()")
             elif isinstance(value, list):  # elements may be the caller's own input arrays
                 outputs[i] = [v.copy() if isinstance(v, np.ndarray) else v for v in value]
         return outputs
@@ -628,78 +597,3 @@ class InferenceSession:
     def control_flow_stats(self) -> ControlFlowStats:
         """If/Loop/Scan bodies: specialisations built (per input signature) and runs."""
         return ControlFlowStats(self._control_flow.builds, self._control_flow.runs)
-
-
-def _each_once(values: list[Any]) -> list[Any]:
-    """A name asked for twice gets its own copy, so writing one result leaves the other."""
-    seen: set[int] = set()
-    for i, v in enumerate(values):
-        if id(v) in seen and isinstance(v, np.ndarray):
-            values[i] = v.copy()
-        seen.add(id(v))
-    return values
-
-
-def _check_cancel(cancel: Any) -> None:
-    if not callable(getattr(cancel, "is_set", None)):
-        raise InvalidInputError(
-            f"cancel takes a threading.Event (anything with is_set()), got {type(cancel).__name__}"
-        )
-
-
-def _deadline(cancel: Any, timeout: Any) -> Any:
-    """The run's cancel event: `cancel` itself, or a Deadline over it with `timeout`."""
-    if timeout is None:
-        return cancel
-    if (isinstance(timeout, bool) or not isinstance(timeout, int | float | np.integer
-                                                    | np.floating)
-            or not math.isfinite(timeout) or timeout <= 0):
-        raise InvalidInputError(f"timeout takes a number of seconds > 0, got {timeout!r}")
-    if cancel is not None:
-        _check_cancel(cancel)
-    return Deadline(float(timeout), cancel)
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return "tensor"
-    if isinstance(value, list | tuple):
-        return "sequence"
-    if isinstance(value, dict):
-        return "map"
-    if value is None:
-        return "optional"
-    return "tensor"
-
-
-def _io_meta(model: ir.Model, value: ir.Value, optional: bool = False) -> IoMeta:
-    mapped = loader.map_io_kind(model, value.name or "")
-    if mapped is not None:  # map types live beside the IR (onnx_ir cannot hold them)
-        kind, elem = mapped
-        return IoMeta(value.name or "", DataType(elem), None, kind, optional or kind == "optional")
-    t = value.type
-    kind = "tensor"
-    if isinstance(t, ir.SequenceType):
-        kind = "sequence"
-    elif isinstance(t, ir.OptionalType):
-        kind, optional = "optional", True
-    dtype = DataType(value.dtype) if value.dtype is not None else DataType.UNDEFINED
-    shape = None
-    if value.shape is not None and kind == "tensor":
-        shape = tuple((d if d >= 0 else None) if isinstance(d, int) else d.value
-                      for d in value.shape)  # negative: any size, as onnxruntime reads it
-    return IoMeta(value.name or "", dtype, shape, kind, optional)
-
-
-def _optimize(model: ir.Model, level: str, placement: Placement, save_path: str | None) -> ir.Model:
-    """Run the graph optimizer at `level`; with `optimized_model_path`, keep to ops that
-    onnxruntime also runs (no onnxkiln-domain fusions) and write the result there."""
-    model = optimizer.optimize(model, level, registries=placement.registries,
-                               portable=save_path is not None)
-    if save_path:
-        try:
-            optimizer.save(model, save_path)
-        except OSError as e:
-            raise InvalidOptionError(
-                f"optimized_model_path: cannot write '{save_path}': {e}") from e
-    return model

@@ -52,7 +52,7 @@ from onnxkiln.optimizer import (
 from onnxkiln.optimizer._graph import Context
 from onnxkiln.providers.base import KernelRegistry
 
-__all__ = ["LEVELS", "OptimizeReport", "optimize", "save"]
+__all__ = ["LEVELS", "OptimizeReport", "optimize", "optimize_and_save", "save"]
 
 logger = logging.getLogger(__name__)
 
@@ -200,3 +200,17 @@ def save(model: ir.Model, path: str | os.PathLike) -> None:
         ir.save(model, path)
     else:
         ir.save(model, path, external_data=os.path.basename(os.fspath(path)) + ".data")
+
+
+def optimize_and_save(model: ir.Model, level: str, registries: Sequence[KernelRegistry],
+                      save_path: str | None) -> ir.Model:
+    """`optimize` at `level` for a session; with a `save_path` (optimized_model_path), keep
+    to ops onnxruntime also runs (no onnxkiln-domain fusions) and write the result there."""
+    model = optimize(model, level, registries=registries, portable=save_path is not None)
+    if save_path:
+        try:
+            save(model, save_path)
+        except OSError as e:
+            raise InvalidOptionError(
+                f"optimized_model_path: cannot write '{save_path}': {e}") from e
+    return model
