@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+import pytest
+from onnx import TensorProto, helper
 
 from onnxkiln import ControlFlowStats, InferenceSession, loader
+from onnxkiln.errors import ModelLoadError
 from onnxkiln.plan import free_values
 from onnxkiln.testing import make_model, tensor_info
 
@@ -71,3 +73,14 @@ def test_control_flow_stats_count_builds_per_signature_and_runs():
     s.run({"x": X, "c": f, "c2": f})
     # else branch (new body) and its nested else branch: two more builds, two more runs
     assert s.control_flow_stats() == ControlFlowStats(subgraph_builds=3, subgraph_runs=7)
+
+
+def test_if_whose_branches_produce_too_few_outputs_is_refused_at_load():
+    empty = helper.make_graph([], "branch", [], [])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=empty, else_branch=empty)
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([node], "g", [cond], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelLoadError, match="If has 1 output.*then_branch produces 0"):
+        InferenceSession(model.SerializeToString())

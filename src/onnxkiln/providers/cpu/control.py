@@ -174,6 +174,10 @@ def if_(info: NodeInfo):
         return placeholder
     then_branch = info.subgraphs["then_branch"]
     else_branch = info.subgraphs["else_branch"]
+    for name, branch in (("then_branch", then_branch), ("else_branch", else_branch)):
+        if len(branch.output_names) != len(info.output_present):
+            raise ValueError(f"If has {len(info.output_present)} output(s) but its {name} "
+                             f"produces {len(branch.output_names)}")
     copy_then = tuple(i for i, f in enumerate(body_may_alias(then_branch)) if f)
     copy_else = tuple(i for i, f in enumerate(body_may_alias(else_branch)) if f)
 
