@@ -82,9 +82,16 @@ def _requant_table(dt: np.dtype, xs: np.float32, xz: int, ys: np.float32, yz: in
     v = _codes(dt).astype(_F32)
     v -= _F32.type(xz)
     v *= xs
+    return _quantize_table(v, ys, yz, out_dt)
+
+
+def _quantize_table(v: np.ndarray, ys: np.float32, yz: int, dt: np.dtype) -> np.ndarray:
+    """saturate(round(v / ys) + yz): rounded before the zero point is added, as onnxruntime's
+    lookup tables (MlasQuantizeLinear) do, which decides ties when ys halves a step."""
     v /= ys
+    np.rint(v, out=v)
     v += _F32.type(yz)
-    return _saturate(v, out_dt)
+    return _saturate(v, dt)
 
 
 def _fma32(a: np.float32, b: float, c: np.float32) -> np.float32:
@@ -169,11 +176,9 @@ def _lut_kernel(op: str, fn: Callable[[np.ndarray], None]) -> Callable[..., np.n
             v -= _F32.type(xz)
             v *= xs
             fn(v)
-            v /= ys
-            v += _F32.type(yz)
             if len(tables) >= _MAX_TABLES:
                 tables.clear()
-            table = tables[key] = _saturate(v, dt)
+            table = tables[key] = _quantize_table(v, ys, yz, dt)
         return _lookup(table, x)
 
     return run
