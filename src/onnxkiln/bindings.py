@@ -4,8 +4,10 @@ A binding owns a buffer of `physical_shape` (its capacity) on the session's devi
 see the leading `logical_shape` part of it. Bound to an input and an output at once, the
 output is written back into the same buffer: the KV-cache pattern, where `present_k` =
 Concat(`past_k`, new) along the sequence axis becomes a write of the new positions only,
-and a static cache's ScatterND / ScatterElements(`past_k`, indices, new) a write of the
-updates in place.
+a static cache's ScatterND / ScatterElements(`past_k`, indices, new) a write of the
+updates in place, and an attention kernel that takes the past and gives the present
+(GroupQueryAttention, MultiHeadAttention, Attention: see onnxkiln.kv_attention) writes the
+new positions into the buffer and attends over it.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import numpy as np
 from onnxkiln.dtypes import DataType, from_numpy
 from onnxkiln.errors import DeviceBindingError, InputNotFoundError, SessionError
 from onnxkiln.executor import CompiledPlan
+from onnxkiln.kv_attention import attention_writes
 from onnxkiln.plan import Plan, Step
 from onnxkiln.types import CaptureViolation, IoMeta
 from onnxkiln.validation import closest_name
 
-__all__ = ["BindingPlans", "DeviceIoBinding", "SessionBindings", "TransferStats", "append_kernel",
-           "scatter_write_kernel"]
+__all__ = ["BindingPlans", "DeviceIoBinding", "SessionBindings", "TransferStats", "WriteStats",
+           "append_kernel", "scatter_write_kernel"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,21 @@ class TransferStats:
     device_to_host_bytes: int
     writes: int
     reads: int
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """Bytes and calls that went into one binding on the device during runs.
+
+    `in_place_*`: written by a kernel straight into the buffer (a KV append, scatter or
+    attention write: only the new positions); `copied_*`: a bound output the kernel made
+    elsewhere and write-back copied into the buffer (the whole logical part each time).
+    """
+
+    in_place_bytes: int
+    in_place_writes: int
+    copied_bytes: int
+    copies: int
 
 
 class DeviceIoBinding:
@@ -59,6 +77,7 @@ class DeviceIoBinding:
         self.tensor = provider.empty(self.dtype, self.physical_shape)
         self._released = False
         self._h2d = self._d2h = self._writes = self._reads = 0
+        self._kernel_bytes = self._kernel_writes = self._copy_bytes = self._copies = 0
 
     def __repr__(self) -> str:
         names = " -> ".join(n for n in (self.input_name, self.output_name) if n)
@@ -122,6 +141,16 @@ class DeviceIoBinding:
     def transfer_stats(self) -> TransferStats:
         """Host<->device traffic through write() and read() so far."""
         return TransferStats(self._h2d, self._d2h, self._writes, self._reads)
+
+    def write_stats(self) -> WriteStats:
+        """Device-side writes into the buffer by runs so far (in place vs copied back)."""
+        return WriteStats(self._kernel_bytes, self._kernel_writes, self._copy_bytes,
+                          self._copies)
+
+    def note_in_place(self, nbytes: int) -> None:
+        """Count a kernel's write of `nbytes` straight into the buffer."""
+        self._kernel_bytes += int(nbytes)
+        self._kernel_writes += 1
 
     def release(self) -> None:
         """Free the buffer; using the binding afterwards raises DeviceBindingError."""
@@ -193,6 +222,7 @@ def append_kernel(binding: DeviceIoBinding, axis: int):
         lead = tuple(slice(0, n) for n in past.shape[:axis])
         tail = tuple(slice(0, n) for n in past.shape[axis + 1:])
         store(buffer, (*lead, slice(start, end), *tail), new)
+        binding.note_in_place(new.nbytes)
         return buffer[(*lead, slice(0, end), *tail)]
 
     append.variant = APPEND_VARIANT
@@ -223,6 +253,7 @@ def scatter_write_kernel(binding: DeviceIoBinding, op: str, axis: int = 0):
                 a = _check_elements(binding, data, indices, updates, axis)
                 idx = _kv_index(binding, op, indices, (data.shape[a],), a, False, word)
                 _write_elements(buffer, idx, updates, a)
+            binding.note_in_place(updates.nbytes)
             return buffer[tuple(slice(0, n) for n in data.shape)]
 
         write.variant = variant if word is None else f"{variant}.capture_safe"
@@ -349,8 +380,10 @@ class BindingPlans:
     """Compiled plans for runs with device bindings, one per binding layout.
 
     Bound outputs stay on the device (no download); a KV output computed as Concat(past,
-    new) on the binding of its own past becomes an in-place append, and one computed as
-    ScatterND / ScatterElements(past, indices, updates) (reduction 'none') an in-place write.
+    new) on the binding of its own past becomes an in-place append, one computed as
+    ScatterND / ScatterElements(past, indices, updates) (reduction 'none') an in-place write,
+    and the presents of an attention kernel whose pasts share their bindings are written by
+    its in-place variant (onnxkiln.kv_attention).
     """
 
     def __init__(self, plan: Plan, graph: Any, finish: Callable[[Plan, frozenset[int]], Plan],
@@ -390,7 +423,11 @@ class BindingPlans:
             if index is None:
                 continue
             step = steps[index]
-            if step.provider != b._provider.name or not step.inputs or step.inputs[0] != past:
+            if step.provider != b._provider.name or not step.inputs:
+                continue
+            if hasattr(step.kernel, "kv_in_place"):
+                continue  # an attention step: all its KV pairs at once, below
+            if step.inputs[0] != past:
                 continue
             if (step.op_type, step.domain) == ("Concat", "") and len(step.inputs) == 2:
                 axis = self._graph.node(step.node_id).attributes["axis"].as_int()
@@ -402,6 +439,8 @@ class BindingPlans:
                     continue
             steps[index] = dataclasses.replace(step, kernel=kernel)
             in_place.add(b.output_name)
+        in_place |= attention_writes(steps, self._plan.output_slots, bindings, self._in_slot,
+                                     self._out_slot)
         plan = dataclasses.replace(self._plan, steps=steps)
         keep = frozenset(self._out_slot[b.output_name] for b in bindings if b.output_name)
         return CompiledPlan(self._finish(plan, keep), self._inplace), frozenset(in_place)
@@ -508,6 +547,8 @@ class SessionBindings:
                         f"output '{meta.name}' has shape {shape}, which exceeds the capacity "
                         f"{b.physical_shape} of its binding; allocate a larger one")
                 store(b.tensor, tuple(slice(0, n) for n in shape), self.provider.to_device(value))
+                b._copies += 1
+                b._copy_bytes += int(np.prod(shape)) * b.dtype.numpy.itemsize
             b._logical = shape
 
 

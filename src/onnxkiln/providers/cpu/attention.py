@@ -12,8 +12,10 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from onnxkiln.kv_attention import in_place_of
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
+from onnxkiln.providers.cpu.contrib_attention import append_in_place
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__: list[str] = []
@@ -218,7 +220,8 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
     want_pv = len(present) > 2 and present[2]
     want_qk = len(present) > 3 and present[3]
 
-    def run(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+    def run(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+            *, _into=None):
         if not q.ndim == k.ndim == v.ndim or q.ndim not in (3, 4):
             raise ValueError(
                 f"Attention: Q, K, V must all be 3-D or all 4-D, got {q.shape}, {k.shape}, "
@@ -247,8 +250,12 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
         past = 0
         if past_key is not None:
             past = past_key.shape[2]
-            pk = np.concatenate((past_key, k4), axis=2)
-            pv = np.concatenate((past_value, v4), axis=2)
+            if _into is not None:  # past and present share bindings: see onnxkiln.kv_attention
+                pk, pv = (append_in_place(t, new, past, 2, "Attention")[1]
+                          for t, new in zip(_into, (k4, v4)))
+            else:
+                pk = np.concatenate((past_key, k4), axis=2)
+                pv = np.concatenate((past_value, v4), axis=2)
         else:
             pk = np.array(k4) if want_pk else k4
             pv = np.array(v4) if want_pv else v4
@@ -327,6 +334,8 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
             out = out.reshape(b, sq, hq * dv)
         return out, pk, pv, None
 
+    run.kv_pairs = ((4, 1), (5, 2))
+    run.kv_in_place = in_place_of(run, "attention.sdpa.kv_in_place", want_pk and want_pv)
     return run
 
 

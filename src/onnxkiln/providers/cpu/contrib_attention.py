@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.kv_attention import capacity_error, in_place_of, note_written
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.contrib_transformer import MS, rotate
@@ -224,6 +225,27 @@ def _check_bias4(bias: np.ndarray | None, b: int, n: int, s: int, t: int, op: st
         )
 
 
+def append_in_place(target, new: np.ndarray, start: int, axis: int, op: str,
+                    lead: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Write `new` (compute dtype) into the bound buffer at [start, start + L) on `axis`
+    (after the `lead` indices) and return (keys/values in the compute dtype, the present: a
+    view of the buffer's first start + L rows). The compute array equals what concatenating
+    the past (rounded to dt) with the unrounded new rows gives, as the plain kernel does."""
+    buf = target.tensor[lead] if lead else target.tensor
+    end = start + new.shape[axis]
+    if end > buf.shape[axis]:
+        raise capacity_error(target, op, end, axis + len(lead))
+    pre = (slice(None),) * axis
+    buf[(*pre, slice(start, end))] = new
+    note_written(target, new.size * buf.itemsize)
+    present = buf[(*pre, slice(0, end))]
+    if present.dtype == new.dtype:
+        return present, present
+    both = present.astype(new.dtype)
+    both[(*pre, slice(start, end))] = new
+    return both, present
+
+
 def rope_tables(positions: np.ndarray, rot: int, cdt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin (..., rot/2) for integer positions, frequencies base 10000^(-2i/rot)."""
     inv = 1.0 / (10000.0 ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
@@ -252,7 +274,8 @@ def ms_attention(info: NodeInfo) -> Callable[..., tuple]:
     share = bool(a.get("past_present_share_buffer", 0))
     want_present = wants(info, 1)
 
-    def run(x, weights, bias=None, mask_index=None, past=None, attn_bias=None, past_len=None):
+    def run(x, weights, bias=None, mask_index=None, past=None, attn_bias=None, past_len=None,
+            *, _into=None):
         if x.ndim != 3:
             raise ValueError(f"{op}: input must be 3-D (batch, sequence, hidden), got {x.shape}")
         b, s, din = x.shape
@@ -308,7 +331,9 @@ def ms_attention(info: NodeInfo) -> Callable[..., tuple]:
             q = rotate(q, cos, sin, False)
             k = rotate(k, cos, sin, False)
         present = None
-        if past is not None and share:
+        if past is not None and _into is not None:  # the present is the binding
+            present, kk, vv = _attention_in_place(_into[0], past, k, v, p, share, cdt, op)
+        elif past is not None and share:
             present = past.copy()
             present[0, :, :, p : p + s] = k
             present[1, :, :, p : p + s] = v
@@ -331,7 +356,27 @@ def ms_attention(info: NodeInfo) -> Callable[..., tuple]:
         out, _ = sdpa(q, kk, vv, scale, add, bias=ab)
         return merge_heads(out, x.dtype), present
 
+    run.kv_pairs = ((4, 1),)
+    run.kv_in_place = in_place_of(run, "ms_attn.sdpa.kv_in_place", want_present)
     return run
+
+
+def _attention_in_place(target, past, k, v, p: int, share: bool, cdt: np.dtype, op: str):
+    """(present, keys, values) of a com.microsoft Attention step whose past (2, B, N, P, H)
+    is a binding's view: the new rows written at p (share: past_sequence_length; else the
+    past's end); the present is a view of the buffer, P rows (share) or p + S."""
+    if share:  # keys are read back from the buffer, as the plain kernel reads its present
+        buf = target.tensor
+        s = k.shape[2]
+        buf[0, :, :, p : p + s] = k
+        buf[1, :, :, p : p + s] = v
+        note_written(target, k.size * buf.itemsize)  # two writes, as the growing form counts
+        note_written(target, v.size * buf.itemsize)
+        present = buf[:, :, :, : past.shape[3]]
+        return present, as_dt(present[0, :, :, : p + s], cdt), as_dt(present[1, :, :, : p + s], cdt)
+    kk, _ = append_in_place(target, k, p, 2, op, (0,))
+    vv, _ = append_in_place(target, v, p, 2, op, (1,))
+    return target.tensor[:, :, :, : p + k.shape[2]], kk, vv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,6 +470,8 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
         past_value=None,
         past_sequence_length=None,
         cache_indirection=None,
+        *,
+        _into=None,
     ):
         cdt = cdt_of(query.dtype)
         q, k, v, projected = _mha_inputs(query, key, value, bias, heads, cdt, op)
@@ -447,8 +494,12 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
                     f"{want_k} / {want_v}"
                 )
             p = past_key.shape[2]
-            k = np.concatenate([as_dt(past_key, cdt), k], axis=2)
-            v = np.concatenate([as_dt(past_value, cdt), v], axis=2)
+            if _into is not None:  # the presents are the bindings: write the new rows only
+                (k, pk), (v, pv) = (append_in_place(target, new, p, 2, op)
+                                    for target, new in zip(_into, (k, v)))
+            else:
+                k = np.concatenate([as_dt(past_key, cdt), k], axis=2)
+                v = np.concatenate([as_dt(past_value, cdt), v], axis=2)
         t = k.shape[2]
         mask = key_padding_mask
         if mask is not None and mask.ndim == 2 and mask.shape[1] == t - p and p:
@@ -462,6 +513,8 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
         if qk is not None:
             with np.errstate(over="ignore"):  # the lowest float32 is -inf in float16
                 qk = qk.astype(dt)
+        if _into is not None and past_key is not None:
+            return merge_heads(out, dt), pk, pv, qk
         fresh = p > 0 and dt == cdt  # concatenated with the past: no input shares memory
         return (
             merge_heads(out, dt),
@@ -470,4 +523,6 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
             qk,
         )
 
+    run.kv_pairs = ((6, 1), (7, 2))
+    run.kv_in_place = in_place_of(run, "mha.sdpa.kv_in_place", want_pk and want_pv)
     return run

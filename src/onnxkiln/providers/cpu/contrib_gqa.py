@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.kv_attention import capacity_error, in_place_of, note_written
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu.contrib_attention import as_dt, cdt_of, merge_heads, sdpa, wants
 from onnxkiln.providers.cpu.contrib_transformer import MS, cache_rows, rotate
@@ -179,6 +180,33 @@ def _full_cache(k, v, past_key, past_value, p_b, q_b, pos, cap, ragged, keep_pas
     return pres_k, pres_v
 
 
+def _cache_in_place(targets, k, v, p_b, q_b, pos, cap, ragged):
+    """Write the new rows into the bound buffers (B, Nk, C, H) in place and return their
+    first `cap` rows as the presents: rows outside [P, P + S) keep what the buffer holds
+    (the plain kernel zeroes them; attention never reads them as valid keys)."""
+    b, s = pos.shape
+    out = []
+    for target, new in zip(targets, (k, v)):
+        buf = target.tensor
+        if buf.shape[2] < cap:
+            raise capacity_error(target, _OP, cap, 2)
+        if not ragged and b and (p_b == p_b[0]).all():  # one slice: a decode step, a prompt
+            p0 = int(p_b[0])
+            end = min(p0 + s, cap)
+            rows = new[:, : end - p0].transpose(0, 2, 1, 3)
+            buf[:, :, p0:end] = rows
+        else:
+            write = pos < cap
+            if ragged:
+                write &= np.arange(s)[None, :] < q_b[:, None]
+            bi = np.broadcast_to(np.arange(b)[:, None], (b, s))
+            rows = new[write]
+            buf[bi[write], :, pos[write]] = rows
+        note_written(target, rows.nbytes)
+        out.append(buf[:, :, :cap])
+    return out
+
+
 def _resident(t: np.ndarray, cap: int, window: int) -> np.ndarray:
     """L(T): how many most recent positions a window-sized cache of capacity cap holds."""
     g = cap - window + 1
@@ -280,6 +308,7 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
         *,
         _block=None,
         _keep_past=False,
+        _into=None,
     ):
         dt = query.dtype
         cdt = cdt_of(dt)
@@ -374,10 +403,15 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
                 k, v, past_key, past_value, p_b, q_b, t_b, window
             )
         else:
-            pres_k, pres_v = _full_cache(
-                k, v, past_key, past_value, p_b, q_b, pos, cap, query_seqlens is not None,
-                _keep_past,
-            )
+            if _into is not None and past_key is not None:  # the presents are the bindings
+                pres_k, pres_v = _cache_in_place(
+                    _into, k, v, p_b, q_b, pos, cap, query_seqlens is not None
+                )
+            else:
+                pres_k, pres_v = _full_cache(
+                    k, v, past_key, past_value, p_b, q_b, pos, cap, query_seqlens is not None,
+                    _keep_past,
+                )
             tmax = int(t_b.max())
             kcat, vcat = pres_k[:, :, :tmax], pres_v[:, :, :tmax]
             key_pos = np.arange(tmax)[None, :]
@@ -460,6 +494,8 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
             qk_out,
         )
 
+    run.kv_pairs = ((3, 1), (4, 2))
+    run.kv_in_place = in_place_of(run, "gqa.sdpa.kv_in_place", not sliding and want_pk and want_pv)
     return run
 
 

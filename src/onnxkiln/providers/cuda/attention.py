@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from onnxkiln.dtypes import DataType
+from onnxkiln.kv_attention import in_place_of
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cuda._kv import append_in_place
 from onnxkiln.providers.cuda._util import up, wants
 from onnxkiln.providers.cuda.dtypes import FLOATS, needs
 from onnxkiln.providers.cuda.registry import kernel
@@ -82,7 +84,8 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
     mode = int(a.get("qk_matmul_output_mode") or 0)
     want_pk, want_pv, want_qk = wants(info, 1), wants(info, 2), wants(info, 3)
 
-    def run(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad=None):
+    def run(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad=None, *,
+            _into=None):
         three = q.ndim == 3
         q4 = _heads(q, q_heads, "Q") if three else q
         k4 = _heads(k, kv_heads, "K") if three else k
@@ -94,7 +97,11 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
         past = 0
         if past_key is not None:
             past = past_key.shape[2]
-            pk, pv = torch.cat((past_key, k4), dim=2), torch.cat((past_value, v4), dim=2)
+            if _into is not None:  # the presents are the bindings: write the new rows only
+                pk, pv = (append_in_place(t, new, past, "Attention")[1]
+                          for t, new in zip(_into, (k4, v4)))
+            else:
+                pk, pv = torch.cat((past_key, k4), dim=2), torch.cat((past_value, v4), dim=2)
         else:
             pk = k4.contiguous() if not want_pk else k4.clone()
             pv = v4.contiguous() if not want_pv else v4.clone()
@@ -138,6 +145,8 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
             y = y.transpose(1, 2).reshape(b, sq, hq * dv)
         return y, pk, pv, None if qk is None else qk.to(dt)
 
+    run.kv_pairs = ((4, 1), (5, 2))
+    run.kv_in_place = in_place_of(run, "attention.sdpa.kv_in_place", want_pk and want_pv)
     return run
 
 

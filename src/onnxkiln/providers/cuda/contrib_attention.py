@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from onnxkiln.dtypes import DataType
+from onnxkiln.kv_attention import capacity_error, in_place_of, note_written
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cuda._kv import append_in_place
 from onnxkiln.providers.cuda._util import wants
 from onnxkiln.providers.cuda.dtypes import FLOATS, needs
 from onnxkiln.providers.cuda.registry import kernel
@@ -120,16 +122,22 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
 
     def run(query, key=None, value=None, bias=None, key_padding_mask=None, attn_bias=None,
             past_key=None, past_value=None, past_sequence_length=None,
-            cache_indirection=None) -> tuple:
+            cache_indirection=None, *, _into=None) -> tuple:
         dt = query.dtype
         ct = torch.float64 if dt == torch.float64 else torch.float32
         q, k, v, _ = _inputs(query, key, value, bias, heads, ct)
         b, _, s, h = q.shape
         p = 0
+        presents = None
         if past_key is not None:
             p = past_key.shape[2]
-            k = torch.cat((past_key.to(ct), k), dim=2)
-            v = torch.cat((past_value.to(ct), v), dim=2)
+            if _into is not None:  # the presents are the bindings: write the new rows only
+                (k, pk), (v, pv) = (append_in_place(target, new, p, "MultiHeadAttention")
+                                    for target, new in zip(_into, (k, v)))
+                presents = pk, pv
+            else:
+                k = torch.cat((past_key.to(ct), k), dim=2)
+                v = torch.cat((past_value.to(ct), v), dim=2)
         t = k.shape[2]
         mask = key_padding_mask
         if mask is not None and mask.ndim == 2 and mask.shape[1] == t - p and p:
@@ -141,11 +149,15 @@ def multi_head_attention(info: NodeInfo) -> Callable[..., tuple]:
         scale = float(scale_attr) if scale_attr else 1.0 / math.sqrt(h)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale)
         out = out.transpose(1, 2).reshape(b, s, heads * v.shape[3]).to(dt)
+        if presents is not None:
+            return out, *presents, None
         # without a past the presents may be views of the inputs: copy the ones asked for
         pk = k.to(dt) if p or not want_pk else k.to(dt).clone()
         pv = v.to(dt) if p or not want_pv else v.to(dt).clone()
         return out, pk, pv, None
 
+    run.kv_pairs = ((6, 1), (7, 2))
+    run.kv_in_place = in_place_of(run, "mha.sdpa.kv_in_place", want_pk and want_pv)
     return run
 
 
@@ -205,7 +217,7 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
 
     def run(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-            attention_bias=None, *unused) -> tuple:
+            attention_bias=None, *unused, _into=None) -> tuple:
         dt, dev = query.dtype, query.device
         ct = torch.float64 if dt == torch.float64 else torch.float32
         b, s, d = query.shape
@@ -240,18 +252,10 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
             sin = sin_cache[idx].to(ct).unsqueeze(2)
             q = _rope(q, cos[..., :half], sin[..., :half], interleaved)
             k = _rope(k, cos[..., :half], sin[..., :half], interleaved)
-        pres = []
-        for past, new in ((past_key, k.to(dt)), (past_value, v.to(dt))):
-            buf = torch.zeros((b, nk, cap + s, new.shape[3]), dtype=dt, device=dev)
-            if past is not None and past_len:
-                keep = torch.arange(past_len, device=dev).unsqueeze(0) < \
-                    torch.clamp(p_b, max=past_len).unsqueeze(1)  # (B, P)
-                buf[:, :, :past_len] = torch.where(keep[:, None, :, None], past,
-                                                   torch.zeros((), dtype=dt, device=dev))
-            bi = torch.arange(b, device=dev).unsqueeze(1).expand(b, s)
-            buf = buf.transpose(1, 2)  # (B, cap + S, Nk, H) view
-            buf[bi, pos] = new  # every row has its own slot: no duplicate writes
-            pres.append(buf.transpose(1, 2)[:, :, :cap])
+        if _into is not None and past_key is not None:
+            pres = _gqa_in_place(_into, (k.to(dt), v.to(dt)), pos, cap)
+        else:
+            pres = _gqa_presents(past_key, past_value, k.to(dt), v.to(dt), p_b, pos, cap)
         pres_k, pres_v = pres
         key_pos = torch.arange(cap, device=dev)
         allowed = (key_pos < t_b.unsqueeze(1)).unsqueeze(1)  # (B, 1, T)
@@ -281,4 +285,45 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
         out = out.transpose(1, 2).reshape(b, s, n * vv.shape[3]).to(dt)
         return out, pres_k, pres_v, None
 
+    run.kv_pairs = ((3, 1), (4, 2))
+    run.kv_in_place = in_place_of(run, "gqa.sdpa.kv_in_place", True)
     return run
+
+
+def _gqa_presents(past_key, past_value, k: Tensor, v: Tensor, p_b: Tensor, pos: Tensor,
+                  cap: int) -> list[Tensor]:
+    """New present buffers (B, Nk, cap, H): the past's first p_b rows, the new rows at pos."""
+    b, s = pos.shape
+    nk, dev, dt = k.shape[2], k.device, k.dtype
+    past_len = 0 if past_key is None else past_key.shape[2]
+    pres = []
+    for past, new in ((past_key, k), (past_value, v)):
+        buf = torch.zeros((b, nk, cap + s, new.shape[3]), dtype=dt, device=dev)
+        if past is not None and past_len:
+            keep = torch.arange(past_len, device=dev).unsqueeze(0) < \
+                torch.clamp(p_b, max=past_len).unsqueeze(1)  # (B, P)
+            buf[:, :, :past_len] = torch.where(keep[:, None, :, None], past,
+                                               torch.zeros((), dtype=dt, device=dev))
+        bi = torch.arange(b, device=dev).unsqueeze(1).expand(b, s)
+        buf = buf.transpose(1, 2)  # (B, cap + S, Nk, H) view
+        buf[bi, pos] = new  # every row has its own slot: no duplicate writes
+        pres.append(buf.transpose(1, 2)[:, :, :cap])
+    return pres
+
+
+def _gqa_in_place(targets, new: tuple[Tensor, Tensor], pos: Tensor, cap: int) -> list[Tensor]:
+    """The new rows written into the bound (B, Nk, C, H) buffers at pos; their first cap rows
+    are the presents. Positions stay on the device (no sync): one past the capacity (a
+    seqlens_k larger than the cache, which the plain kernel drops) is clamped to its last
+    row."""
+    b, s = pos.shape
+    bi = torch.arange(b, device=pos.device).unsqueeze(1).expand(b, s)
+    pres = []
+    for target, rows in zip(targets, new):
+        buf = target.tensor
+        if buf.shape[2] < cap:
+            raise capacity_error(target, "GroupQueryAttention", cap, 2)
+        buf.transpose(1, 2)[bi, pos.clamp(max=cap - 1)] = rows
+        note_written(target, rows.numel() * buf.element_size())
+        pres.append(buf[:, :, :cap])
+    return pres

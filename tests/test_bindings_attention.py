@@ -1,0 +1,326 @@
+"""Device bindings on attention kernels: GroupQueryAttention, MultiHeadAttention and Attention
+write the new KV positions into the bound buffer and attend over it (no present copied)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import onnxkiln as ok
+from onnxkiln.testing import make_model, tensor_info
+
+ort = pytest.importorskip("onnxruntime")
+
+F32 = np.float32
+B, N, NK, H, CAP = 2, 4, 2, 16, 48
+MS = {"com.microsoft": 1}
+
+
+def _providers():
+    params = [pytest.param("cpu", id="cpu")]
+    try:
+        import torch
+    except ImportError:
+        params.append(pytest.param("torch", id="torch-cpu", marks=pytest.mark.skip(
+            reason="torch is not installed: the CUDA provider cannot be tested")))
+    else:
+        params.append(pytest.param("torch", id="torch-cpu"))
+        params.append(pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="no CUDA device")))
+    return params
+
+
+def _session(model, where):
+    b = ok.InferenceSession.builder()
+    if where == "cpu":
+        b = b.providers(["cpu"])
+    elif where == "cuda":
+        b = b.providers(["cuda", "cpu"])
+    else:
+        b = b.providers(["cuda", "cpu"]).option("testing.cuda_on_torch_cpu", "1")
+    return b.from_graph(model)
+
+
+def _ort(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _host(x):
+    return x if isinstance(x, np.ndarray) else x.cpu().numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+
+def _rope_tables(rows: int, rot: int):
+    ang = np.arange(rows)[:, None] / (10000.0 ** (np.arange(0, rot, 2) / rot))[None, :]
+    return {"cos": np.cos(ang).astype(F32), "sin": np.sin(ang).astype(F32)}
+
+
+def _gqa(rotary: bool = False, packed: bool = False):
+    """One GroupQueryAttention node; past/present (B, NK, len, H); rotary inside when asked."""
+    ins = [tensor_info("q", F32, [B, "s", (N + 2 * NK) * H if packed else N * H])]
+    names = ["q", "", ""]
+    if not packed:
+        ins += [tensor_info("k", F32, [B, "s", NK * H]), tensor_info("v", F32, [B, "s", NK * H])]
+        names = ["q", "k", "v"]
+    ins += [tensor_info("past_key", F32, [B, NK, "p", H]),
+            tensor_info("past_value", F32, [B, NK, "p", H]),
+            tensor_info("seqlens_k", np.int32, [B]), tensor_info("total", np.int32, [])]
+    names += ["past_key", "past_value", "seqlens_k", "total"]
+    inits = {}
+    if rotary:
+        names += ["cos", "sin"]
+        inits = _rope_tables(CAP, H)
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=N, kv_num_heads=NK,
+                            do_rotary=int(rotary))
+    outs = [tensor_info("out", F32, [B, "s", N * H]),
+            tensor_info("present_key", F32, [B, NK, "t", H]),
+            tensor_info("present_value", F32, [B, NK, "t", H])]
+    return make_model([node], ins, outs, inits, extra_opsets=MS)
+
+
+def _mha():
+    ins = [tensor_info(n, F32, [B, "s", N * H]) for n in ("q", "k", "v")]
+    ins += [tensor_info(n, F32, [B, N, "p", H]) for n in ("past_key", "past_value")]
+    node = helper.make_node("MultiHeadAttention",
+                            ["q", "k", "v", "", "", "", "past_key", "past_value"],
+                            ["out", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=N, unidirectional=1)
+    outs = [tensor_info("out", F32, [B, "s", N * H]),
+            tensor_info("present_key", F32, [B, N, "t", H]),
+            tensor_info("present_value", F32, [B, N, "t", H])]
+    return make_model([node], ins, outs, extra_opsets=MS)
+
+
+def _ms_attention(share: bool):
+    rng = np.random.default_rng(7)
+    d = N * H
+    inits = {"w": (rng.standard_normal((d, 3 * d)) * 0.2).astype(F32),
+             "bias": (rng.standard_normal(3 * d) * 0.1).astype(F32)}
+    names = ["x", "w", "bias", "", "past"]
+    ins = [tensor_info("x", F32, [B, "s", d]), tensor_info("past", F32, [2, B, N, "p", H])]
+    if share:
+        names += ["", "past_len"]
+        ins.append(tensor_info("past_len", np.int32, [1]))
+    node = helper.make_node("Attention", names, ["out", "present"], domain="com.microsoft",
+                            num_heads=N, unidirectional=1, past_present_share_buffer=int(share))
+    outs = [tensor_info("out", F32, [B, "s", d]), tensor_info("present", F32, [2, B, N, "t", H])]
+    return make_model([node], ins, outs, inits, extra_opsets=MS)
+
+
+def _onnx_attention():
+    ins = [tensor_info("q", F32, [B, "s", N * H]), tensor_info("k", F32, [B, "s", NK * H]),
+           tensor_info("v", F32, [B, "s", NK * H]),
+           tensor_info("past_key", F32, [B, NK, "p", H]),
+           tensor_info("past_value", F32, [B, NK, "p", H])]
+    node = helper.make_node("Attention", ["q", "k", "v", "", "past_key", "past_value"],
+                            ["out", "present_key", "present_value"], q_num_heads=N,
+                            kv_num_heads=NK, is_causal=1)
+    outs = [tensor_info("out", F32, [B, "s", N * H]),
+            tensor_info("present_key", F32, [B, NK, "t", H]),
+            tensor_info("present_value", F32, [B, NK, "t", H])]
+    return make_model([node], ins, outs, opset=23)
+
+
+# ---------------------------------------------------------------------------------------------
+# the decode loop: bound vs plain vs onnxruntime
+
+
+class Case:
+    """How one model's KV travels: names, per-binding shapes, and each step's plain feeds."""
+
+    def __init__(self, model, kv, heads, axis, step_feeds, static=False, rows=1, oracle=None):
+        self.model, self.kv, self.heads, self.axis = model, kv, heads, axis
+        self.step_feeds, self.static, self.rows = step_feeds, static, rows
+        self.oracle = oracle  # onnxruntime's model when it cannot run this one (growing form)
+
+    def shape(self, length):
+        lead = (2,) if self.rows == 2 else ()
+        return (*lead, B, self.heads, length, H)
+
+
+def _qkv(rng, s, kv_heads=NK, packed=False):
+    if packed:
+        return {"q": rng.standard_normal((B, s, (N + 2 * kv_heads) * H), F32)}
+    return {"q": rng.standard_normal((B, s, N * H), F32),
+            "k": rng.standard_normal((B, s, kv_heads * H), F32),
+            "v": rng.standard_normal((B, s, kv_heads * H), F32)}
+
+
+def _gqa_feeds(packed=False):
+    def feeds(rng, p, s):
+        return {**_qkv(rng, s, packed=packed), "seqlens_k": np.full(B, p + s - 1, np.int32),
+                "total": np.array(p + s, np.int32)}
+    return feeds
+
+
+def _x_feeds(share):
+    def feeds(rng, p, s):
+        f = {"x": rng.standard_normal((B, s, N * H), F32)}
+        if share:
+            f["past_len"] = np.array([p], np.int32)
+        return f
+    return feeds
+
+
+CASES = {
+    "gqa": lambda: Case(_gqa(), [("past_key", "present_key"), ("past_value", "present_value")],
+                        NK, 2, _gqa_feeds()),
+    "gqa-rotary": lambda: Case(_gqa(rotary=True),
+                               [("past_key", "present_key"), ("past_value", "present_value")],
+                               NK, 2, _gqa_feeds()),
+    "gqa-packed-rotary": lambda: Case(
+        _gqa(rotary=True, packed=True),
+        [("past_key", "present_key"), ("past_value", "present_value")], NK, 2,
+        _gqa_feeds(packed=True)),
+    "gqa-static": lambda: Case(_gqa(rotary=True),
+                               [("past_key", "present_key"), ("past_value", "present_value")],
+                               NK, 2, _gqa_feeds(), static=True),
+    "mha": lambda: Case(_mha(), [("past_key", "present_key"), ("past_value", "present_value")],
+                        N, 2, lambda rng, p, s: _qkv(rng, s, kv_heads=N)),
+    "ms-attention": lambda: Case(_ms_attention(False), [("past", "present")], N, 3,
+                                 _x_feeds(False), rows=2),
+    "ms-attention-static": lambda: Case(_ms_attention(True), [("past", "present")], N, 3,
+                                        _x_feeds(True), static=True, rows=2,
+                                        oracle=_ms_attention(False)),
+    "onnx-attention": lambda: Case(_onnx_attention(),
+                                   [("past_key", "present_key"), ("past_value", "present_value")],
+                                   NK, 2, lambda rng, p, s: _qkv(rng, s)),
+}
+# Which runtimes have a kernel: the torch provider has no com.microsoft Attention (the CPU
+# provider runs it, bindings then live on the torch device and the node falls back).
+TORCH_KERNEL = {"ms-attention": False, "ms-attention-static": False}
+
+
+def _valid(x, case, length):
+    """The first `length` positions of a KV array (the part attention reads)."""
+    return x[(slice(None),) * case.axis + (slice(0, length),)]
+
+
+def _decode(case, where, prompt=5, steps=6):
+    """Run the prompt and `steps` single tokens three ways; check each step and return the
+    bindings (their write counters per step are checked here)."""
+    s = _session(case.model, where)
+    ref = _ort(case.oracle or case.model)
+    wanted = {i.name for i in (case.oracle or case.model).graph.input}
+    start = CAP if case.static else 0
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, case.shape(CAP),
+                                       case.shape(start)) for i, o in case.kv]
+    plain_past = {i: np.zeros(case.shape(start), F32) for i, _ in case.kv}
+    ort_past = {i: np.zeros(case.shape(0 if case.oracle else start), F32) for i, _ in case.kv}
+    rng = np.random.default_rng(0)
+    p = 0
+    for step in range(steps + 1):
+        n = prompt if step == 0 else 1
+        feeds = case.step_feeds(rng, p, n)
+        plain = s.run({**feeds, **plain_past})
+        theirs = ref.run(None, {k: v for k, v in {**feeds, **ort_past}.items() if k in wanted})
+        before = [b.write_stats() for b in binds]
+        got = s.run_with_device_bindings(feeds, binds)
+        assert got[1:] == [None] * len(case.kv)
+        np.testing.assert_array_equal(_host(got[0]), plain[0], err_msg=f"step {step}")
+        np.testing.assert_allclose(_host(got[0]), theirs[0], rtol=1e-5, atol=1e-5)
+        length = p + n
+        for b, want, oracle, was in zip(binds, plain[1:], theirs[1:], before):
+            assert b.logical_shape == want.shape
+            np.testing.assert_array_equal(b.read(), want, err_msg=f"{b.input_name} step {step}")
+            np.testing.assert_allclose(_valid(b.read(), case, length),
+                                       _valid(oracle, case, length), rtol=1e-5, atol=1e-5)
+            now = b.write_stats()
+            row = 4 * B * case.heads * H * case.rows  # bytes of one position
+            assert now.copied_bytes == 0, "the present was copied back into the binding"
+            assert now.in_place_bytes - was.in_place_bytes == n * row
+            assert now.in_place_writes - was.in_place_writes == case.rows
+        plain_past = {i: v for (i, _), v in zip(case.kv, plain[1:])}
+        ort_past = {i: v for (i, _), v in zip(case.kv, theirs[1:])}
+        p = length
+    return s, binds
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    pytest.param(name, where.values[0], id=f"{where.id}-{name}", marks=where.marks)
+    for where in _providers() for name in sorted(CASES)
+    if where.values[0] == "cpu" or TORCH_KERNEL.get(name, True)])
+def test_bound_kv_is_written_in_place_and_matches_plain_and_onnxruntime(name, where):
+    _decode(CASES[name](), where)
+
+
+@pytest.mark.parametrize("where", _providers())
+def test_gqa_static_cache_keeps_the_buffer_and_writes_at_seqlens_k(where):
+    case = CASES["gqa-static"]()
+    _, binds = _decode(case, where, prompt=3, steps=4)
+    assert all(b.logical_shape == case.shape(CAP) for b in binds)
+    k = binds[0].read()
+    assert np.count_nonzero(k[:, :, 3 + 4:]) == 0  # nothing written past the 7 positions
+    assert np.count_nonzero(k[:, :, 6]) > 0
+
+
+def test_bound_gqa_step_allocates_no_cache_sized_array():
+    """tracemalloc sees numpy's allocations: a step that built a new present (or copied one
+    back) would allocate at least one cache's worth; the in-place step allocates scores only."""
+    case = CASES["gqa"]()
+    cap = 4096
+    s = _session(case.model, "cpu")
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, (B, NK, cap, H),
+                                       (B, NK, 0, H)) for i, o in case.kv]
+    rng = np.random.default_rng(1)
+    s.run_with_device_bindings(_gqa_feeds()(rng, 0, 2000), binds)
+    feeds = _gqa_feeds()(rng, 2000, 1)
+    s.run_with_device_bindings(feeds, binds)  # warm: the decode memo is built
+    cache_bytes = binds[0].tensor.nbytes * 2000 // cap
+    tracemalloc.start()
+    try:
+        for p in range(2001, 2004):
+            s.run_with_device_bindings(_gqa_feeds()(rng, p, 1), binds)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < cache_bytes // 2, (peak, cache_bytes)
+    assert binds[0].logical_shape == (B, NK, 2004, H)
+
+
+@pytest.mark.parametrize("where", _providers())
+def test_bound_gqa_past_the_capacity_is_a_binding_error(where):
+    case = CASES["gqa"]()
+    s = _session(case.model, where)
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, (B, NK, 4, H), (B, NK, 0, H))
+             for i, o in case.kv]
+    rng = np.random.default_rng(2)
+    s.run_with_device_bindings(_gqa_feeds()(rng, 0, 4), binds)
+    with pytest.raises(ok.DeviceBindingError, match="capacity 4"):
+        s.run_with_device_bindings(_gqa_feeds()(rng, 4, 1), binds)
+
+
+@pytest.mark.parametrize("where", _providers())
+def test_bound_mha_past_the_capacity_is_a_binding_error(where):
+    case = CASES["mha"]()
+    s = _session(case.model, where)
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, (B, N, 3, H), (B, N, 0, H))
+             for i, o in case.kv]
+    rng = np.random.default_rng(3)
+    s.run_with_device_bindings(_qkv(rng, 3, kv_heads=N), binds)
+    with pytest.raises(ok.DeviceBindingError, match="capacity 3"):
+        s.run_with_device_bindings(_qkv(rng, 1, kv_heads=N), binds)
+
+
+def test_only_one_of_the_pair_bound_falls_back_to_copying():
+    """With only past_key bound the kernel keeps its plain path; the copy back is counted."""
+    case = CASES["gqa"]()
+    s = _session(case.model, "cpu")
+    bk = s.allocate_device_binding("past_key", "present_key", ok.DataType.FLOAT,
+                                   (B, NK, CAP, H), (B, NK, 0, H))
+    rng = np.random.default_rng(4)
+    past_v = np.zeros((B, NK, 0, H), F32)
+    feeds = _gqa_feeds()(rng, 0, 3)
+    plain = s.run({**feeds, "past_key": np.zeros((B, NK, 0, H), F32), "past_value": past_v})
+    out = s.run_with_device_bindings({**feeds, "past_value": past_v}, [bk])
+    np.testing.assert_array_equal(out[0], plain[0])
+    np.testing.assert_array_equal(bk.read(), plain[1])
+    stats = bk.write_stats()
+    assert (stats.copies, stats.copied_bytes, stats.in_place_writes) == (1, plain[1].nbytes, 0)
