@@ -15,7 +15,6 @@ keyed by every build argument. The builder needs `onnxruntime-genai`, `transform
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from onnxkiln.generate_layout import DecoderLayout
 
 # Gemma2 is left out: its sliding-window GQA needs a preallocated cache of the window's size,
 # which the plain reference loop (`greedy`) does not feed.
@@ -119,26 +120,22 @@ def build(arch: str = "llama", precision: str = "fp32", *, hidden: int = 256, la
 
 
 class DecoderIO:
-    """Input/output names and KV layout of a builder folder, read from its genai_config.json."""
+    """Input/output names and KV layout of a builder folder, read from its genai_config.json
+    (parsed by `onnxkiln.generate_layout.DecoderLayout`, which `onnxkiln.generate` uses)."""
 
     def __init__(self, folder: Path):
-        config = json.loads((Path(folder) / "genai_config.json").read_text())
-        decoder = config["model"]["decoder"]
-        self.model_path = Path(folder) / decoder["filename"]
-        self.layers = decoder["num_hidden_layers"]
-        self.kv_heads = decoder["num_key_value_heads"]
-        self.head_size = decoder["head_size"]
-        self.eos = config["model"]["eos_token_id"]
-        ins, outs = decoder["inputs"], decoder["outputs"]
-        self.input_ids = ins["input_ids"]
-        self.attention_mask = ins.get("attention_mask")
-        self.position_ids = ins.get("position_ids")
-        layer = range(self.layers)
-        self.past = [name % i for i in layer for name in (ins["past_key_names"],
-                                                          ins["past_value_names"])]
-        self.present = [name % i for i in layer for name in (outs["present_key_names"],
-                                                             outs["present_value_names"])]
-        self.logits = outs["logits"]
+        layout = DecoderLayout.from_genai_config(folder)
+        self.layout = layout
+        self.model_path = Path(folder) / layout.extra["filename"]
+        self.layers = layout.layers // 2
+        self.kv_heads = layout.kv_dims[1]
+        self.head_size = layout.kv_dims[3]
+        self.eos = layout.eos[0] if len(layout.eos) == 1 else list(layout.eos)
+        self.input_ids = layout.input_ids
+        self.attention_mask = layout.attention_mask
+        self.position_ids = layout.position_ids
+        self.past, self.present = list(layout.past), list(layout.present)
+        self.logits = layout.logits
 
     def empty_past(self, batch: int = 1, dtype: Any = np.float32) -> dict[str, np.ndarray]:
         """The past of a first step: every KV input with length 0."""
