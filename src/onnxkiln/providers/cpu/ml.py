@@ -186,7 +186,7 @@ class _Lookup:
     """A key -> value table applied elementwise; keys numeric or str, last duplicate wins."""
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, default: Any, op: str,
-                 last_wins: bool = False) -> None:
+                 last_wins: bool = False, nan_matches: bool = True) -> None:
         if keys.shape[0] != values.shape[0]:
             raise ValueError(f"{op}: {keys.shape[0]} keys but {values.shape[0]} values")
         self.op = op
@@ -202,7 +202,8 @@ class _Lookup:
         if keys.dtype.kind == "f":
             nan = np.isnan(keys)
             if nan.any():
-                self.nan_value = values[np.flatnonzero(nan)[-1]]
+                if nan_matches:
+                    self.nan_value = values[np.flatnonzero(nan)[-1]]
                 keys, values = keys[~nan], values[~nan]
         # the later occurrence of a key wins: unique over the reversed arrays
         uniq, first_rev = np.unique(keys[::-1], return_index=True)
@@ -251,7 +252,8 @@ _NUMERIC_KEY = {
 _VALUE_LISTS = {"values_int64s": _I64, "values_floats": _F32, "values_strings": _OBJ}
 
 
-def _label_encoder_table(a: Mapping[str, Any], op: str, last_wins: bool) -> _Lookup:
+def _label_encoder_table(a: Mapping[str, Any], op: str, last_wins: bool,
+                         nan_matches: bool = True) -> _Lookup:
     """keys_*/values_* (lists or tensors) and the matching default, as a lookup table."""
     keys = None
     if a.get("keys_tensor") is not None:
@@ -289,7 +291,7 @@ def _label_encoder_table(a: Mapping[str, Any], op: str, last_wins: bool) -> _Loo
         default = _text(default)
     else:
         default = values.dtype.type(default)
-    return _Lookup(keys, values, default, op, last_wins)
+    return _Lookup(keys, values, default, op, last_wins, nan_matches)
 
 
 def _label_encoder_fn(table: _Lookup) -> Callable[[np.ndarray], np.ndarray]:
@@ -327,8 +329,10 @@ def label_encoder_1(info: NodeInfo):
 @kernel("LabelEncoder", since=2, until=3, domain=ML, factory=True)
 def label_encoder_2(info: NodeInfo):
     """Map each element through keys_* -> values_* (string, int64, float); default on miss.
-    A repeated key keeps its first value (as onnxruntime does)."""
-    return _label_encoder_fn(_label_encoder_table(info.attrs, "LabelEncoder", False))
+    A repeated key keeps its first value, and a NaN key matches nothing (NaN != NaN), as in
+    onnxruntime, whose NaN-equal keys came with opset 4."""
+    return _label_encoder_fn(_label_encoder_table(info.attrs, "LabelEncoder", False,
+                                                  nan_matches=False))
 
 
 @kernel("LabelEncoder", since=4, domain=ML, factory=True)
