@@ -31,7 +31,7 @@ from onnxkiln.compat._options import (
     effective_severity,
     log_threshold,
 )
-from onnxkiln.compat._values import ModelMetadata, NodeArg, OrtValue
+from onnxkiln.compat._values import ModelMetadata, NodeArg, OrtValue, check_map_feed
 from onnxkiln.errors import (
     InputNotFoundError,
     InvalidInputError,
@@ -422,8 +422,11 @@ class InferenceSession:
             raise InvalidInputError(
                 f"Required inputs ({missing}) are missing from input feed "
                 f"({list(input_feed)}).")
-        return {k: _void_as_strings(v.value if isinstance(v, OrtValue) else v)
+        feed = {k: _void_as_strings(v.value if isinstance(v, OrtValue) else v)
                 for k, v in input_feed.items()}
+        for arg in self._info.inputs:
+            check_map_feed(arg.name, arg.type, feed.get(arg.name))
+        return feed
 
     def _execute(self, names: list[str], feed: dict[str, Any],
                  run_options: RunOptions | None) -> list[Any]:

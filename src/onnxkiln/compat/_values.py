@@ -397,3 +397,36 @@ def _value_type(value: Any) -> str:
         key_name = "string" if isinstance(key, str) else "int64"
         return f"map({key_name},{_value_type(np.asarray(value[key]))})"
     return "optional(undefined)" if value is None else type(value).__name__
+
+
+_MAP_KEYS = {"int64": "int64_t", "string": "string"}
+
+
+def check_map_feed(name: str, declared: str, value: Any) -> None:
+    """Refuses a dict fed to a map input as onnxruntime's feed conversion does (onnxkiln's
+    kernels would otherwise read a float key 0.5 as 0, or a bytes key as text): the first
+    key says the map's key type, which must be the input's; int64 maps take only integer
+    keys; values must be real numbers; an empty dict is refused."""
+    if not isinstance(value, dict) or not declared.startswith("map("):
+        return
+    if not value:
+        raise InvalidInputError(
+            f"Size of dictionary is empty, unable to run the prediction (input '{name}').")
+    key_type, value_type = declared[4:-1].split(",", 1)
+    first = next(iter(value))
+    if isinstance(first, bytes):
+        raise InvalidInputError(
+            f"Key type must be int or string (not {type(first)}) for input '{name}'.")
+    given = "string" if isinstance(first, str) else "int64"
+    if given != key_type:
+        raise InvalidInputError(
+            f"Unexpected input data type. Actual: ((map({given},{value_type}))) , expected: "
+            f"(({declared})) for input '{name}'.")
+    c_type = _MAP_KEYS.get(key_type, key_type)
+    for key, item in value.items():
+        if key_type == "int64" and not isinstance(key, int | np.integer):
+            raise InvalidInputError(f"Unexpected key type  {type(key)}, it cannot be linked "
+                                    f"to C type {c_type} for input '{name}'.")
+        if not isinstance(item, int | float | np.integer | np.floating):
+            raise InvalidInputError(f"Unexpected value type  {type(item)}, it cannot be "
+                                    f"linked to C type {c_type} for input '{name}'.")
