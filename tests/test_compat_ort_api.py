@@ -4,11 +4,13 @@ string feeds; each compared with onnxruntime itself."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
+import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxkiln.compat as rt
 from onnxkiln.compat import _errors
@@ -204,3 +206,96 @@ def test_logger_callback_gets_onnxkiln_records(monkeypatch):
     finally:
         rt.set_default_logger_callback(None)
         rt.set_default_logger_severity(2)
+
+
+def _vectorizer(key_type, vocabulary):
+    """DictVectorizer over a map input (`vocabulary` is int64 or string keys)."""
+    keyword = "int64_vocabulary" if key_type == TensorProto.INT64 else "string_vocabulary"
+    value = helper.make_map_type_proto(key_type, helper.make_tensor_type_proto(
+        TensorProto.FLOAT, []))
+    graph = helper.make_graph(
+        [helper.make_node("DictVectorizer", ["x"], ["y"], domain="ai.onnx.ml",
+                          **{keyword: vocabulary})], "g",
+        [helper.make_value_info("x", value)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]).SerializeToString()
+
+
+INT_MAP_FEEDS = [
+    ({0: 1.0, "a": 2.0},
+     "Unexpected key type  <class 'str'>, it cannot be linked to C type int64_t"),
+    ({0.5: 1.0}, "Unexpected key type  <class 'float'>, it cannot be linked to C type int64_t"),
+    ({0: "a"}, "Unexpected value type  <class 'str'>, it cannot be linked to C type int64_t"),
+    ({0: None}, "Unexpected value type  <class 'NoneType'>, it cannot be linked"),
+    ({"a": 1.0, 0: 2.0}, "Unexpected input data type. Actual: ((map(string,tensor(float))))"),
+    ({b"a": 1.0}, "Key type must be int or string (not <class 'bytes'>)"),
+    ({}, "Size of dictionary is empty"),
+]
+
+
+@pytest.mark.parametrize(("feed", "message"), INT_MAP_FEEDS)
+def test_map_feeds_refused_as_onnxruntime_refuses_them(feed, message):
+    model = _vectorizer(TensorProto.INT64, [0, 1, 2])
+    with pytest.raises((RuntimeError, ort_c.InvalidArgument), match=re.escape(message)):
+        ort.InferenceSession(model).run(None, {"x": feed})
+    with pytest.raises(_errors.InvalidArgument, match=re.escape(message)):
+        rt.InferenceSession(model).run(None, {"x": feed})
+
+
+@pytest.mark.parametrize(("key_type", "vocabulary", "feed"), [
+    (TensorProto.INT64, [0, 1, 2], {np.int32(1): np.float64(2.0), True: 3.0, 2: np.float32(4)}),
+    (TensorProto.INT64, [0, 1, 2], {np.uint64(2): 1}),
+    (TensorProto.STRING, ["a", "b"], {"b": np.float64(3.0), np.str_("a"): 1.0}),
+    (TensorProto.STRING, ["a", "3"], {"a": 1.0, 3: 2.0}),
+])
+def test_map_feeds_accepted_as_onnxruntime_accepts_them(key_type, vocabulary, feed):
+    model = _vectorizer(key_type, vocabulary)
+    expected, = ort.InferenceSession(model).run(None, {"x": feed})
+    got, = rt.InferenceSession(model).run(None, {"x": feed})
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(_errors.InvalidArgument, match="expected: \\(\\(map"):
+        other = {0: 1.0} if key_type == TensorProto.STRING else {"a": 1.0}
+        rt.InferenceSession(model).run(None, {"x": other})
+
+
+def test_optimized_model_of_a_model_with_external_data_saved_elsewhere(tmp_path):
+    """The optimized model, written in another folder than its source, holds the weights
+    the source kept in a file beside it (inline, or in the file the config entry names)."""
+    source, out = tmp_path / "source", tmp_path / "out"
+    source.mkdir()
+    out.mkdir()
+    weights = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+         helper.make_node("Add", ["xw", "b"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(weights, "w"),
+         numpy_helper.from_array(np.ones(8, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, source / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    expected, = ort.InferenceSession(str(source / "m.onnx")).run(None, {"x": x})
+    for entries in ({}, {"session.optimized_model_external_initializers_file_name": "o.bin",
+                         "session.optimized_model_external_initializers_min_size_in_bytes": "100"}):
+        so = rt.SessionOptions()
+        so.optimized_model_filepath = str(out / "o.onnx")
+        for key, value in entries.items():
+            so.add_session_config_entry(key, value)
+        rt.InferenceSession(str(source / "m.onnx"), so)
+        written = onnx.load(out / "o.onnx", load_external_data=False)
+        locations = {t.name: [e.value for e in t.external_data if e.key == "location"]
+                     for t in written.graph.initializer}
+        assert locations == ({"w": [], "b": []} if not entries else {"w": ["o.bin"], "b": []})
+        for runtime in (ort, rt):
+            got, = runtime.InferenceSession(str(out / "o.onnx")).run(None, {"x": x})
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+        (out / "o.onnx").unlink()
+
+
+def test_adapter_format_refused_by_name():
+    assert hasattr(ort, "AdapterFormat")
+    with pytest.raises(_errors.NotImplemented, match="AdapterFormat.*LoRA"):
+        rt.AdapterFormat()

@@ -31,6 +31,7 @@ MODULE_FUNCTIONS = {
     "copy_tensors": _NO_DEVICE,
 }
 MODULE_CLASSES = {
+    "AdapterFormat": "onnxkiln does not read or write LoRA adapter files",
     "LoraAdapter": "onnxkiln does not load LoRA adapters",
     "ModelCompiler": "onnxkiln has no model compiler (see onnxkiln's EPContext export)",
     "SparseTensor": _NO_SPARSE,

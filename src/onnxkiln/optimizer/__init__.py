@@ -197,7 +197,18 @@ def save(model: ir.Model, path: str | os.PathLike) -> None:
     total = sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values()
                 if v.const_value is not None)
     if total < (1 << 31) - (64 << 20):
-        ir.save(model, path)
+        # weights read from the source model's external files are written inline: saved
+        # as they are, their references would be relative to the wrong folder
+        external = [v for g in model.graphs() for v in g.initializers.values()
+                    if isinstance(v.const_value, ir.ExternalTensor)]
+        originals = [v.const_value for v in external]
+        try:
+            for value, tensor in zip(external, originals, strict=True):
+                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
+            ir.save(model, path)
+        finally:
+            for value, tensor in zip(external, originals, strict=True):
+                value.const_value = tensor
     else:
         ir.save(model, path, external_data=os.path.basename(os.fspath(path)) + ".data")
 
