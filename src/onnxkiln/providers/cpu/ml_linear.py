@@ -79,7 +79,11 @@ def _pick(labels: np.ndarray, index: np.ndarray, op: str) -> np.ndarray:
 @kernel("LinearClassifier", since=1, domain=ML, factory=True, multi_output=True)
 def linear_classifier(info: NodeInfo):
     """Scores X @ W^T + b (float32), labels by argmax; one score column is a binary model:
-    score > 0 picks labels[1] and Z becomes [1 - p, p] (p the logistic under LOGISTIC)."""
+    score > 0 picks labels[1] and Z becomes [1 - p, p] (p the logistic under LOGISTIC).
+
+    The row count is the intercepts' count. Without intercepts (optional in the spec, which
+    onnxruntime nonetheless requires) a two-label model may have one row or two: the one
+    whose width matches X's feature count is used."""
     op = "LinearClassifier"
     a = info.attrs
     coef = a.get("coefficients")
@@ -90,7 +94,28 @@ def linear_classifier(info: NodeInfo):
     post = post_transform(a.get("post_transform"), op)
     if labels is None:
         raise ValueError(f"{op}: one of classlabels_strings and classlabels_ints must be set")
-    n_classes = len(intercepts) if intercepts else labels.size
+    if intercepts:
+        return _linear_classifier(coef, intercepts, labels, strings, post, len(intercepts))
+    rows = [n for n in ((1, 2) if labels.size == 2 else (labels.size,)) if len(coef) % n == 0]
+    if len(rows) < 2:
+        return _linear_classifier(coef, None, labels, strings, post,
+                                  rows[0] if rows else labels.size)
+    by_width = {len(coef) // n: _linear_classifier(coef, None, labels, strings, post, n)
+                for n in rows}
+
+    def run(x):
+        fn = by_width.get(x.shape[-1] if x.ndim else 0, by_width[len(coef) // 2])
+        out = fn(x)
+        for name in ("variant", "variant_reason"):  # what the trace reports
+            if hasattr(fn, name):
+                setattr(run, name, getattr(fn, name))
+        return out
+
+    return run
+
+
+def _linear_classifier(coef, intercepts, labels, strings, post, n_classes):
+    op = "LinearClassifier"
     if len(coef) % n_classes:
         raise ValueError(f"{op}: {len(coef)} coefficients for {n_classes} classes")
     if n_classes == 1 and labels.size != 2:
