@@ -41,7 +41,7 @@ def _session(model, where):
         b = b.providers(["cuda", "cpu"])
     else:
         b = b.providers(["cuda", "cpu"]).option("testing.cuda_on_torch_cpu", "1")
-    return b.from_graph(model)
+    return b.load(model) if isinstance(model, str) else b.from_graph(model)
 
 
 def _ort(model):
@@ -324,3 +324,80 @@ def test_only_one_of_the_pair_bound_falls_back_to_copying():
     np.testing.assert_array_equal(bk.read(), plain[1])
     stats = bk.write_stats()
     assert (stats.copies, stats.copied_bytes, stats.in_place_writes) == (1, plain[1].nbytes, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# a decoder from onnxruntime-genai's model builder (GroupQueryAttention with rotary inside,
+# SkipSimplifiedLayerNormalization), random weights
+
+
+def _genai_llama():
+    try:
+        from bench import genai_models
+    except ImportError as e:  # bench/ is not installed with the package
+        pytest.skip(f"bench.genai_models does not import: {e}")
+    why = genai_models.available()
+    if why:
+        pytest.skip(why)
+    folder = genai_models.build("llama", "fp32", hidden=64, layers=2)
+    return genai_models.DecoderIO(folder)
+
+
+def _greedy(run, io, prompt, steps, past):
+    """Greedy tokens and each step's last logits; `run(feeds)` returns (logits, presents)."""
+    tokens = np.asarray([prompt], np.int64)
+    total, produced, logits = len(prompt), [], []
+    for _ in range(steps):
+        out, presents = run(io.feeds(tokens, total, past))
+        if presents is not None:
+            past = dict(zip(io.past, presents, strict=True))
+        logits.append(np.asarray(_host(out))[0, -1].copy())
+        produced.append(int(np.argmax(logits[-1])))
+        tokens = np.asarray([[produced[-1]]], np.int64)
+        total += 1
+    return produced, logits
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
+@pytest.mark.parametrize("where", _providers())
+def test_genai_llama_32_greedy_tokens_through_bound_runs(where, static):
+    io = _genai_llama()
+    prompt, steps = [5, 6, 7, 8], 32
+    cap = len(prompt) + steps
+    s = _session(str(io.model_path), where)
+    ref = ort.InferenceSession(str(io.model_path), providers=["CPUExecutionProvider"])
+    shape = (1, io.kv_heads, cap, io.head_size)
+    start = shape if static else (1, io.kv_heads, 0, io.head_size)
+    past = {name: np.zeros(start, F32) for name in io.past}
+    names = [io.logits, *io.present]
+
+    def plain(feeds):
+        logits, *presents = s.run(names, feeds)
+        return logits, presents
+
+    def theirs(feeds):
+        logits, *presents = ref.run(names, feeds)
+        return logits, presents
+
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, shape, start)
+             for i, o in zip(io.past, io.present)]
+
+    def bound(feeds):
+        feeds = {k: v for k, v in feeds.items() if k not in io.past}
+        logits, *rest = s.run_with_device_bindings(feeds, binds)
+        assert rest == [None] * len(binds)
+        return logits, None
+
+    want, want_logits = _greedy(plain, io, prompt, steps, past)
+    oracle, oracle_logits = _greedy(theirs, io, prompt, steps, past)
+    got, got_logits = _greedy(bound, io, prompt, steps, {})
+    assert got == want == oracle
+    np.testing.assert_array_equal(np.stack(got_logits), np.stack(want_logits))
+    np.testing.assert_allclose(np.stack(got_logits), np.stack(oracle_logits), rtol=1e-4,
+                               atol=1e-4)
+    row = io.kv_heads * io.head_size * 4
+    for b in binds:
+        stats = b.write_stats()
+        assert (stats.copies, stats.in_place_writes) == (0, steps)
+        assert stats.in_place_bytes == (len(prompt) + steps - 1) * row
+        assert b.logical_shape == (shape if static else (1, io.kv_heads, cap - 1, io.head_size))
