@@ -61,40 +61,40 @@ def _rope_tables(rows: int, rot: int):
     return {"cos": np.cos(ang).astype(F32), "sin": np.sin(ang).astype(F32)}
 
 
-def _gqa(rotary: bool = False, packed: bool = False):
+def _gqa(rotary: bool = False, packed: bool = False, dt=F32):
     """One GroupQueryAttention node; past/present (B, NK, len, H); rotary inside when asked."""
-    ins = [tensor_info("q", F32, [B, "s", (N + 2 * NK) * H if packed else N * H])]
+    ins = [tensor_info("q", dt, [B, "s", (N + 2 * NK) * H if packed else N * H])]
     names = ["q", "", ""]
     if not packed:
-        ins += [tensor_info("k", F32, [B, "s", NK * H]), tensor_info("v", F32, [B, "s", NK * H])]
+        ins += [tensor_info("k", dt, [B, "s", NK * H]), tensor_info("v", dt, [B, "s", NK * H])]
         names = ["q", "k", "v"]
-    ins += [tensor_info("past_key", F32, [B, NK, "p", H]),
-            tensor_info("past_value", F32, [B, NK, "p", H]),
+    ins += [tensor_info("past_key", dt, [B, NK, "p", H]),
+            tensor_info("past_value", dt, [B, NK, "p", H]),
             tensor_info("seqlens_k", np.int32, [B]), tensor_info("total", np.int32, [])]
     names += ["past_key", "past_value", "seqlens_k", "total"]
     inits = {}
     if rotary:
         names += ["cos", "sin"]
-        inits = _rope_tables(CAP, H)
+        inits = {k: v.astype(dt) for k, v in _rope_tables(CAP, H).items()}
     node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
                             domain="com.microsoft", num_heads=N, kv_num_heads=NK,
                             do_rotary=int(rotary))
-    outs = [tensor_info("out", F32, [B, "s", N * H]),
-            tensor_info("present_key", F32, [B, NK, "t", H]),
-            tensor_info("present_value", F32, [B, NK, "t", H])]
+    outs = [tensor_info("out", dt, [B, "s", N * H]),
+            tensor_info("present_key", dt, [B, NK, "t", H]),
+            tensor_info("present_value", dt, [B, NK, "t", H])]
     return make_model([node], ins, outs, inits, extra_opsets=MS)
 
 
-def _mha():
-    ins = [tensor_info(n, F32, [B, "s", N * H]) for n in ("q", "k", "v")]
-    ins += [tensor_info(n, F32, [B, N, "p", H]) for n in ("past_key", "past_value")]
+def _mha(dt=F32):
+    ins = [tensor_info(n, dt, [B, "s", N * H]) for n in ("q", "k", "v")]
+    ins += [tensor_info(n, dt, [B, N, "p", H]) for n in ("past_key", "past_value")]
     node = helper.make_node("MultiHeadAttention",
                             ["q", "k", "v", "", "", "", "past_key", "past_value"],
                             ["out", "present_key", "present_value"], domain="com.microsoft",
                             num_heads=N, unidirectional=1)
-    outs = [tensor_info("out", F32, [B, "s", N * H]),
-            tensor_info("present_key", F32, [B, N, "t", H]),
-            tensor_info("present_value", F32, [B, N, "t", H])]
+    outs = [tensor_info("out", dt, [B, "s", N * H]),
+            tensor_info("present_key", dt, [B, N, "t", H]),
+            tensor_info("present_value", dt, [B, N, "t", H])]
     return make_model([node], ins, outs, extra_opsets=MS)
 
 
@@ -259,6 +259,70 @@ def test_gqa_static_cache_keeps_the_buffer_and_writes_at_seqlens_k(where):
     k = binds[0].read()
     assert np.count_nonzero(k[:, :, 3 + 4:]) == 0  # nothing written past the 7 positions
     assert np.count_nonzero(k[:, :, 6]) > 0
+
+
+@pytest.mark.parametrize("op", ["gqa", "mha"])
+@pytest.mark.parametrize("where", _providers())
+def test_float16_kv_bound_equals_plain(where, op):
+    """float16 caches: attention computes in float32 over the rounded past and (MHA) the
+    unrounded new rows, as the plain kernels do; bound and plain agree bit for bit."""
+    f16 = np.float16
+    model, heads = (_gqa(rotary=True, dt=f16), NK) if op == "gqa" else (_mha(f16), N)
+    s = _session(model, where)
+    names = ("past_key", "present_key"), ("past_value", "present_value")
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT16, (B, heads, CAP, H),
+                                       (B, heads, 0, H)) for i, o in names]
+    past = {i: np.zeros((B, heads, 0, H), f16) for i, _ in names}
+    rng = np.random.default_rng(5)
+    p = 0
+    for n in (4, 1, 1, 1):
+        feeds = {k: v.astype(f16) for k, v in _qkv(rng, n, kv_heads=heads).items()}
+        if op == "gqa":
+            feeds.update(seqlens_k=np.full(B, p + n - 1, np.int32), total=np.array(p + n, np.int32))
+        plain = s.run({**feeds, **past})
+        got = s.run_with_device_bindings(feeds, binds)
+        np.testing.assert_array_equal(_host(got[0]), plain[0])
+        for b, want in zip(binds, plain[1:]):
+            np.testing.assert_array_equal(b.read(), want)
+            assert b.write_stats().copied_bytes == 0
+        past = {"past_key": plain[1], "past_value": plain[2]}
+        p += n
+
+
+@pytest.mark.parametrize("where", _providers())
+def test_captured_static_gqa_replays_write_in_place(where):
+    """A captured static-cache step (every input in a binding, total_sequence_length the
+    buffer length) replays with GroupQueryAttention writing at seqlens_k in place; on the
+    torch provider it is a seam (total is a host operand) and runs eagerly between segments."""
+    s = _session(_gqa(rotary=True), where)
+    full = (B, NK, CAP, H)
+    kv = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, full, full)
+          for i, o in (("past_key", "present_key"), ("past_value", "present_value"))]
+    shapes = {"q": (B, 1, N * H), "k": (B, 1, NK * H), "v": (B, 1, NK * H),
+              "seqlens_k": (B,), "total": ()}
+    ins = {n: s.allocate_device_binding(
+        n, None, ok.DataType.INT32 if n in ("seqlens_k", "total") else ok.DataType.FLOAT,
+        shape, shape) for n, shape in shapes.items()}
+    out = s.allocate_device_output_binding("out", ok.DataType.FLOAT, (B, 1, N * H),
+                                           (B, 1, N * H))
+    binds = [*kv, *ins.values(), out]
+    past = {"past_key": np.zeros(full, F32), "past_value": np.zeros(full, F32)}
+    rng = np.random.default_rng(6)
+    for p in range(5):
+        feeds = {**_gqa_feeds()(rng, p, 1), "total": np.array(CAP, np.int32)}
+        for name, value in feeds.items():
+            ins[name].write(value)
+        plain = s.run({**feeds, **past})
+        if p == 0:
+            assert s.try_capture_with_device_bindings({}, binds).captured
+        else:
+            assert s.replay_device_graph(binds)
+        np.testing.assert_array_equal(out.read(), plain[0])
+        for b, want in zip(kv, plain[1:]):
+            np.testing.assert_array_equal(b.read(), want)
+            assert b.write_stats().in_place_writes == p + 1
+            assert b.write_stats().copied_bytes == 0
+        past = {"past_key": plain[1], "past_value": plain[2]}
 
 
 def test_bound_gqa_step_allocates_no_cache_sized_array():
