@@ -51,14 +51,23 @@ class MlCase:
 
 
 def build(case: MlCase, extra: dict[str, Any] | None = None) -> onnx.ModelProto:
-    node = helper.make_node(case.op, list(case.feeds), [n for n, _ in case.outputs], domain=ML,
-                            **case.attrs, **(extra or {}))
+    node = helper.make_node(case.op, list(case.feeds), [n for n, _ in case.outputs], domain=ML)
+    node.attribute.extend(_attribute(k, v) for k, v in {**case.attrs, **(extra or {})}.items())
     inputs = [tensor_info(k, v.dtype, v.shape) for k, v in case.feeds.items()]
     outputs = [helper.make_tensor_value_info(n, t, None) if t is not None
                else helper.make_value_info(n, onnx.TypeProto()) for n, t in case.outputs]
     graph = helper.make_graph([node], case.op.lower(), inputs, outputs)
     return helper.make_model(graph, ir_version=10, opset_imports=[
         helper.make_opsetid("", 21), helper.make_opsetid(ML, case.ml_opset)])
+
+
+def _attribute(name: str, value: Any) -> onnx.AttributeProto:
+    """helper.make_attribute, which cannot type an empty list: typed from the name then."""
+    if isinstance(value, list) and not value:
+        kind = (onnx.AttributeProto.INTS if "int" in name else onnx.AttributeProto.STRINGS
+                if "string" in name else onnx.AttributeProto.FLOATS)
+        return helper.make_attribute(name, value, attr_type=kind)
+    return helper.make_attribute(name, value)
 
 
 def _ort(model: onnx.ModelProto, feeds) -> list[Any] | Exception:
@@ -69,7 +78,8 @@ def _ort(model: onnx.ModelProto, feeds) -> list[Any] | Exception:
 
 
 def _ours(model: onnx.ModelProto, feeds) -> list[Any]:
-    return InferenceSession.builder().from_graph(model).run(dict(feeds))
+    session = InferenceSession.builder().from_graph(model)
+    return [o.value for o in session.run_outputs(dict(feeds))]
 
 
 def _same(case: MlCase, ours: list[Any], theirs: list[Any]) -> None:

@@ -13,6 +13,8 @@ import pytest
 from ml_shapes_harness import F32, I64, MlCase, check
 from onnx import TensorProto
 
+from onnxkiln.providers.cpu import _numba
+
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((4, 3)).astype(F32)
 X[1, 2] = np.nan
@@ -122,15 +124,33 @@ def _encoders():
     ]
 
 
+def _empty_lists_and_zipmap():
+    probs = np.array([[0.2, 0.8], [0.6, 0.4]], F32)
+    return [
+        MlCase("imputer-empty-list", "Imputer", {"x": X}, {"imputed_value_floats": []},
+               ort_refuses=True),
+        MlCase("label-encoder-empty-keys", "LabelEncoder", {"x": np.array([1, 2], I64)},
+               {"keys_int64s": [], "values_int64s": []}, ml_opset=2),  # all to the default
+        MlCase("scaler-empty-lists", "Scaler", {"x": X}, {"offset": [], "scale": []},
+               ort_refuses=True),
+        MlCase("zipmap-int-labels", "ZipMap", {"x": probs}, {"classlabels_int64s": [0, 7]}),
+        MlCase("zipmap-string-labels", "ZipMap", {"x": probs}, {"classlabels_strings": ["a", "b"]}),
+        MlCase("zipmap-too-few-labels", "ZipMap", {"x": probs}, {"classlabels_int64s": [0]},
+               ort_refuses=True),
+    ]
+
+
 def _tensor(values, elem):
     from onnx import helper
 
     return helper.make_tensor("t", elem, [len(values)], values)
 
 
-CASES = [*_preprocessing(), *_encoders()]
+CASES = [*_preprocessing(), *_encoders(), *_empty_lists_and_zipmap()]
 
 
+@pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_onnxruntime(case):
+def test_matches_onnxruntime(case, numba_on, monkeypatch):
+    monkeypatch.setattr(_numba, "ENABLED", numba_on)  # read at plan time: both paths
     check(case)

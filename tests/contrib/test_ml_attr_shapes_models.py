@@ -10,6 +10,8 @@ import pytest
 from ml_shapes_harness import F32, MlCase, check
 from onnx import TensorProto
 
+from onnxkiln.providers.cpu import _numba
+
 RNG = np.random.default_rng(8)
 X = RNG.standard_normal((5, 3)).astype(F32)
 INT64, STRING, FLOAT = TensorProto.INT64, TensorProto.STRING, TensorProto.FLOAT
@@ -60,6 +62,9 @@ def _linear():
                {"x": np.array([[1, 2, 3], [-1, 0, 4]], np.int64)},
                {"coefficients": coef3, "intercepts": [0.0, 1.0, -1.0],
                 "classlabels_ints": [0, 1, 2]}, _clf_outputs([0])),
+        MlCase("linear-clf-empty-intercepts", "LinearClassifier", {"x": X},
+               {"coefficients": coef3, "intercepts": [], "classlabels_ints": [0, 1, 2]},
+               _clf_outputs([0]), ort_attrs={"intercepts": [0.0, 0.0, 0.0]}),
         MlCase("linear-reg-two-targets-no-intercepts", "LinearRegressor", {"x": X},
                {"coefficients": coef1 + coef1[::-1], "targets": 2}),
         MlCase("linear-reg-probit", "LinearRegressor", {"x": X},
@@ -127,7 +132,9 @@ def _svm():
 CASES = [*_linear(), *_svm()]
 
 
+@pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_onnxruntime(case):
+def test_matches_onnxruntime(case, numba_on, monkeypatch):
+    monkeypatch.setattr(_numba, "ENABLED", numba_on)  # read at plan time: both paths
     check(case)
 
