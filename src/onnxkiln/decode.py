@@ -48,8 +48,9 @@ _UPLOAD = ("onnxkiln", "MemcpyFromHost")  # a no-op for a tensor already on the 
 class _Entry:
     """The memo's one specialisation: what a replayed step reuses."""
 
-    __slots__ = ("appended", "bindings", "checks", "compiled", "input_slots", "key",
-                 "plain_slot", "shapes", "template", "view_plan", "views")
+    __slots__ = ("appended", "base", "bindings", "checks", "compiled", "input_slots", "key",
+                 "lengths", "plain_shapes", "plain_slot", "shapes", "template", "view_plan",
+                 "views")
 
     def __init__(self, key: tuple, bindings: Sequence[DeviceIoBinding], compiled: CompiledPlan,
                  appended: frozenset[str], template: list[Any], plain_slot: dict[str, int],
@@ -66,6 +67,29 @@ class _Entry:
         self.shapes = shapes
         self.checks = checks
         self.view_plan: tuple[frozenset[int], CompiledPlan | None, int] | None = None
+        self.base = list(shapes)  # the bound inputs' logical shapes when it was built
+        self.plain_shapes: dict[int, tuple[int, ...]] = {}
+        # bound dims that can move (logical < physical): (binding, axis)
+        self.lengths = [(i, a) for i, (b, shape) in enumerate(zip(bindings, shapes))
+                        if b.input_name for a, (n, cap) in enumerate(zip(shape, b.physical_shape))
+                        if n < cap]
+
+    def follows(self, plain: Mapping[int, tuple[int, ...]], now: Sequence[tuple[int, ...]]
+                ) -> bool:
+        """Whether every plain dim is as at the build or grew by exactly as much as a bound
+        logical length did since (a growing attention mask, positions): a logical length.
+        Only growth counts: a decode loop's lengths grow; a shrinking dim (prefill, then one
+        token per step) is another shape."""
+        base, built = self.base, self.plain_shapes
+        for pos, shape in plain.items():
+            old = built.get(pos)
+            if old is None or len(old) != len(shape):
+                return False
+            for d, d0 in zip(shape, old):
+                if d != d0 and (d < d0 or not any(now[i][a] - base[i][a] == d - d0
+                                                  for i, a in self.lengths)):
+                    return False
+        return True
 
 
 class DecodeMemo:
@@ -142,9 +166,10 @@ class DecodeMemo:
         self._steps += 1
         entry = self._entry
         if entry is not None and len(bindings) == len(entry.bindings):
-            values, plain_key = self._plain(entry, feeds)
+            values, plain_key, plain_shapes = self._plain(entry, feeds)
             key = (_layout(bindings), plain_key)
-            if key == entry.key:
+            if key == entry.key and (plain_shapes == entry.plain_shapes or entry.follows(
+                    plain_shapes, [b.logical_shape for b in bindings])):
                 if not self.verify:
                     outputs = self._replay(entry, values, bindings, trace)
                 else:
@@ -202,12 +227,16 @@ class DecodeMemo:
         for pos in (*plain_slot.values(), *(p for p in input_slots if p is not None)):
             template[pos] = None
         checks = _dim_checks(self._validator, input_slots)
-        key = (_layout(bindings), _plain_key(self._validator, plain_slot, values))
-        return _Entry(key, bindings, compiled, appended, template, plain_slot, input_slots,
-                      list(views), shapes, checks)
+        plain_key, plain_shapes = _plain_key(self._validator, plain_slot, values)
+        entry = _Entry((_layout(bindings), plain_key), bindings, compiled, appended, template,
+                       plain_slot, input_slots, list(views), shapes, checks)
+        entry.plain_shapes = plain_shapes
+        return entry
 
-    def _plain(self, entry: _Entry, feeds: dict[str, Any]) -> tuple[list[Any], tuple]:
-        """The template with the plain inputs converted and checked, and their key part."""
+    def _plain(self, entry: _Entry, feeds: dict[str, Any]
+               ) -> tuple[list[Any], tuple, dict[int, tuple[int, ...]]]:
+        """The template with the plain inputs converted and checked, their key part, and
+        their shapes."""
         values = list(entry.template)
         validator = self._validator
         for name, raw in feeds.items():
@@ -216,7 +245,7 @@ class DecodeMemo:
         slots = entry.plain_slot
         if slots.keys() != feeds.keys():
             slots = {name: validator.by_name[name].position for name in feeds}
-        return values, _plain_key(validator, slots, values)
+        return values, *_plain_key(validator, slots, values)
 
     def _replay(self, entry: _Entry, values: list[Any], bindings: list[DeviceIoBinding],
                 trace: TraceContext | None) -> list[Any]:
@@ -399,18 +428,20 @@ def _layout(bindings: Sequence[DeviceIoBinding]) -> tuple:
     return tuple((b.input_name, b.output_name, b, b.dtype, b.physical_shape) for b in bindings)
 
 
-def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list[Any]) -> tuple:
+def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list[Any]
+               ) -> tuple[tuple, dict[int, tuple[int, ...]]]:
+    """The plain inputs' key part (position, dtype or type, rank) and their shapes: the
+    shapes are compared apart, since dims that follow a logical length may move."""
     on_device = validator.device is not None
-    key = []
+    key, shapes = [], {}
     for pos in sorted(slots.values()):
         v = values[pos]
-        if isinstance(v, np.ndarray):
-            key.append((pos, v.dtype, v.shape))
-        elif on_device and hasattr(v, "shape"):
-            key.append((pos, v.dtype, tuple(v.shape)))
+        if isinstance(v, np.ndarray) or (on_device and hasattr(v, "shape")):
+            shapes[pos] = tuple(v.shape)
+            key.append((pos, v.dtype, len(shapes[pos])))
         else:
             key.append((pos, type(v), None))
-    return tuple(key)
+    return tuple(key), shapes
 
 
 def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None]

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxkiln import capture, replay
-from onnxkiln.bindings import APPEND_VARIANT, DeviceIoBinding, copy_value
+from onnxkiln.bindings import DeviceIoBinding, copy_value
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan, Step
@@ -83,12 +83,11 @@ class DeviceGraphs:
         self.segments, self.segmentation = 0, []
         slot_of = dict(zip(ctx.input_names, plan.input_slots))
         bound = {slot_of[b.input_name]: b for b in bindings if b.input_name}
-        growing = _growing_bindings(plan, ctx, bindings, slot_of)
         frozen = frozenset(s for s in plan.input_slots if s not in bound)
         for i, s in enumerate(plan.input_slots):  # plain inputs are frozen: keep our copy
             if s in frozen and values[i] is not None:
                 values[i] = copy_value(values[i])
-        grown = self._probe(values, plan, growing) if growing else frozenset()
+        growing, grown = self._probe(values, plan, bindings, slot_of)
         facts = capture.AuditInputs(
             frozen, grown,
             ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
@@ -121,25 +120,38 @@ class DeviceGraphs:
             return NotCapturable(list(audit.declines))
         return None
 
-    def _probe(self, values: list[Any], plan: Plan, growing: dict[int, int]) -> frozenset[int]:
-        """Slots whose shape changes when the appended bindings' past grows by one: the
-        ordinary plan runs on copies at the current length and one longer."""
+    def _probe(self, values: list[Any], plan: Plan, bindings: Sequence[DeviceIoBinding],
+               slot_of: dict[str, int]) -> tuple[dict[int, int], frozenset[int]]:
+        """The growing bound inputs (slot -> axis) and the slots whose shape changes when
+        they grow by one: the ordinary plan runs on copies at the current length and one
+        longer. A KV binding grows when its output is longer than its past (an appended
+        Concat, an attention kernel writing in place); an input-only binding follows it when
+        one of its dims is below capacity and equals the past or present length (a mask)."""
+        plain = self._ctx.plain
         shapes = []
+        growing: dict[int, int] = {}
+        if not any(b.input_name and b.output_name and b.logical_shape != b.physical_shape
+                   for b in bindings):
+            return growing, frozenset()  # every cache at capacity (a static cache): no growth
         for extra in (0, 1):
             feed = [(_extended(v, growing[s], extra) if s in growing else v)
-                    for s, v in zip(self._ctx.plain.plan.input_slots, values)]
-            rec = replay.Recorder(self._ctx.plain.plan, shapes_only=True)
+                    for s, v in zip(plain.plan.input_slots, values)]
+            rec = replay.Recorder(plain.plan, shapes_only=True)
             try:
-                self._ctx.plain.hooked(feed, rec)
+                plain.hooked(feed, rec)
             except Exception:  # then every value downstream of a growing input grows
-                return _downstream(plan, set(growing))
+                return growing, _downstream(plan, set(growing))
+            if extra == 0:
+                growing = _growing_bindings(plan, self._ctx, bindings, slot_of, rec.values)
+                if not growing:
+                    return growing, frozenset()
             shapes.append(rec.values)
         grown = {s for s, shape in shapes[0].items() if shapes[1].get(s) != shape}
         grown |= set(growing)
         for step in plan.steps:  # copy steps of the bound plan follow their input
             if step.node_id < 0 and step.inputs and step.inputs[0] in grown:
                 grown.update(s for s in step.outputs if s is not None)
-        return frozenset(grown)
+        return growing, frozenset(grown)
 
     def _install(self, plan: Plan, audit: capture.Audit, recorded: dict[int, Any],
                  values: list[Any], bindings: Sequence[DeviceIoBinding],
@@ -302,20 +314,31 @@ def _store(stores: Sequence[_Store], outputs: list[Any]) -> bool:
 
 
 def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[DeviceIoBinding],
-                      slot_of: dict[str, int]) -> dict[int, int]:
-    """Input slot -> axis of each binding whose output is appended in place (a KV cache
-    that grows every step)."""
-    out_slot = dict(zip(ctx.output_names, plan.output_slots))
-    producer = {s: st for st in plan.steps for s in st.outputs if s is not None}
+                      slot_of: dict[str, int], shapes: dict[int, Any]) -> dict[int, int]:
+    """Input slot -> growing axis of each bound input that grows from step to step: KV
+    bindings whose output (in `shapes`, the slot shapes of an ordinary run at the current
+    length) is longer than their past on one axis, and input-only bindings that follow them
+    (a dim below capacity equal to a growing past's length or its present's)."""
+    out_slot = dict(zip(ctx.output_names, ctx.plain.plan.output_slots))
     growing: dict[int, int] = {}
+    lengths: set[int] = set()
     for b in bindings:
         if not (b.input_name and b.output_name):
             continue
-        step = producer.get(out_slot[b.output_name])
-        if step is None or getattr(step.kernel, "variant", "") != APPEND_VARIANT:
+        past, present = b.logical_shape, shapes.get(out_slot[b.output_name])
+        if not isinstance(present, tuple) or len(present) != len(past):
             continue
-        axis = ctx.graph.node(step.node_id).attributes["axis"].as_int()
-        growing[slot_of[b.input_name]] = axis % len(b.physical_shape)
+        moved = [a for a, (n, m) in enumerate(zip(past, present)) if n != m]
+        if len(moved) == 1 and present[moved[0]] > past[moved[0]]:
+            growing[slot_of[b.input_name]] = moved[0]
+            lengths.update((past[moved[0]], present[moved[0]]))
+    for b in bindings:
+        if b.input_name is None or b.output_name is not None or not growing:
+            continue
+        axes = [a for a, (n, cap) in enumerate(zip(b.logical_shape, b.physical_shape))
+                if n < cap and n in lengths]
+        if len(axes) == 1:
+            growing[slot_of[b.input_name]] = axes[0]
     return growing
 
 
