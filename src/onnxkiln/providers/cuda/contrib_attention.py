@@ -272,22 +272,37 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
                 ab = F.pad(ab, (0, cap - ab.shape[3]))
             add = add + ab[..., :cap]
         g = n // nk
-        kk = pres_k.to(ct).repeat_interleave(g, dim=1)
-        vv = pres_v.to(ct).repeat_interleave(g, dim=1)
+        kk, vv = pres_k.to(ct), pres_v.to(ct)
         qh = q.transpose(1, 2)
         scale = float(scale_attr) if scale_attr else 1.0 / math.sqrt(h)
         if softcap > 0:
+            kk, vv = kk.repeat_interleave(g, dim=1), vv.repeat_interleave(g, dim=1)
             sc = torch.matmul(qh, kk.transpose(-1, -2)) * scale
             sc = torch.tanh(sc / softcap) * softcap + add
             out = torch.matmul(torch.softmax(sc, dim=-1), vv)
         else:
-            out = F.scaled_dot_product_attention(qh, kk, vv, attn_mask=add, scale=scale)
+            out = _grouped_sdpa(qh, kk, vv, add, scale)
         out = out.transpose(1, 2).reshape(b, s, n * vv.shape[3]).to(dt)
         return out, pres_k, pres_v, None
 
     run.kv_pairs = ((3, 1), (4, 2))
     run.kv_in_place = in_place_of(run, "gqa.sdpa.kv_in_place", True)
     return run
+
+
+def _grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, add: Tensor, scale: float) -> Tensor:
+    """SDPA of q (B, N, S, H) over k/v (B, Nk, T, H) with N = g * Nk: the g query heads of a
+    KV head become g * S rows of one head (the mask repeated to match), so the cache is read
+    where it lies instead of being repeated g times."""
+    b, n, s, h = q.shape
+    nk, t = k.shape[1], k.shape[2]
+    g = n // nk
+    if g == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale)
+    qg = q.reshape(b, nk, g * s, h)
+    mask = add.expand(b, n, s, t).reshape(b, nk, g * s, t)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, n, s, v.shape[3])
 
 
 def _gqa_presents(past_key, past_value, k: Tensor, v: Tensor, p_b: Tensor, pos: Tensor,
