@@ -261,6 +261,39 @@ def test_gqa_static_cache_keeps_the_buffer_and_writes_at_seqlens_k(where):
     assert np.count_nonzero(k[:, :, 6]) > 0
 
 
+@pytest.mark.parametrize("where", _providers())
+def test_gqa_static_cache_with_a_ragged_batch(where):
+    """Entries at different lengths (seqlens_k differs per row): each one's new rows land at
+    its own position in the shared buffer, as in the plain kernel and onnxruntime."""
+    model = _gqa(rotary=True)
+    s, ref = _session(model, where), _ort(model)
+    full = (B, NK, CAP, H)
+    names = (("past_key", "present_key"), ("past_value", "present_value"))
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, full, full) for i, o in names]
+    past = {i: np.zeros(full, F32) for i, _ in names}
+    theirs_past = dict(past)
+    rng = np.random.default_rng(8)
+    lengths = np.array([5, 3])  # a right-padded prompt of 5 rows, then single tokens
+    for step in range(5):
+        n = 5 if step == 0 else 1
+        total = int(lengths.max()) if step == 0 else int(lengths.max()) + step
+        seqlens = lengths - 1 if step == 0 else lengths + step - 1
+        feeds = {**_qkv(rng, n), "seqlens_k": seqlens.astype(np.int32),
+                 "total": np.array(total, np.int32)}
+        plain = s.run({**feeds, **past})
+        theirs = ref.run(None, {**feeds, **theirs_past})
+        got = s.run_with_device_bindings(feeds, binds)
+        np.testing.assert_array_equal(_host(got[0]), plain[0])
+        np.testing.assert_allclose(_host(got[0]), theirs[0], rtol=1e-5, atol=1e-5)
+        for b, want, oracle in zip(binds, plain[1:], theirs[1:]):
+            for e, t in enumerate(seqlens + 1):  # rows past an entry's length: stale, unread
+                np.testing.assert_array_equal(b.read()[e, :, :t], want[e, :, :t])
+                np.testing.assert_allclose(b.read()[e, :, :t], oracle[e, :, :t], rtol=1e-5,
+                                           atol=1e-5)
+        past = {i: v for (i, _), v in zip(names, plain[1:])}
+        theirs_past = {i: v for (i, _), v in zip(names, theirs[1:])}
+
+
 @pytest.mark.parametrize("op", ["gqa", "mha"])
 @pytest.mark.parametrize("where", _providers())
 def test_float16_kv_bound_equals_plain(where, op):

@@ -4,7 +4,8 @@ Per batch entry b the cache holds T = seqlens_k[b] + 1 tokens after the step; Q 
 query_seqlens[b] (default min(S, T)) of the S query rows are new tokens, written to cache rows
 [P, T) with P = T - Q; query row s sits at absolute position P + s. The present buffers hold
 max(past length, total_sequence_length) rows (the past buffer's length when it is a
-shared, fixed-capacity buffer).
+shared, fixed-capacity buffer). Bound to device bindings (onnxkiln.kv_attention) the kernel
+writes the new rows into the bindings' buffers and returns views of them as the presents.
 """
 
 from __future__ import annotations
