@@ -97,6 +97,26 @@ def qlinear_global_average_pool(rng):
                       "yz": scalar(yz, dt)}
             cases.append(Case(f"{np.dtype(dt).name}-zp{xz},{yz}-cl{cl}", {"x": x},
                               {"channels_last": cl}, consts, ["x", "xs", "xz", "ys", "yz"]))
+        cases += _tie_pools(rng, dt, global_pool=True)
+    return cases
+
+
+def _tie_pools(rng, dt, global_pool):
+    """Equal x and y scales and windows of two or four taps: averages of integers land on
+    half steps, so the rounding order (and float32 summation order) decides them."""
+    cases = []
+    for yz in zero_points(dt):
+        consts = {"xs": scalar(0.1, F32), "xz": scalar(zero_points(dt)[1], dt),
+                  "ys": scalar(0.1, F32), "yz": scalar(yz, dt)}
+        names = ["x", "xs", "xz", "ys", "yz"]
+        if global_pool:
+            cases.append(Case(f"ties-{np.dtype(dt).name}-yz{yz}",
+                              {"x": qvalues(rng, (2, 8, 1, 2), dt)}, {}, consts, names))
+            continue
+        cases.append(Case(f"ties-pad-{np.dtype(dt).name}-yz{yz}",
+                          {"x": qvalues(rng, (1, 4, 5, 5), dt)},
+                          {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1},
+                          consts, names))
     return cases
 
 
@@ -121,6 +141,7 @@ def qlinear_average_pool(rng):
                       "yz": scalar(yz, dt)}
             cases.append(Case(f"{np.dtype(dt).name}-{i}", {"x": qvalues(rng, shape, dt)}, attrs,
                               consts, ["x", "xs", "xz", "ys", "yz"]))
+        cases += _tie_pools(rng, dt, global_pool=False)
     return cases
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu._window import padded_copy
 from onnxkiln.providers.cpu.contrib_quant import _present
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -205,7 +206,7 @@ def qlinear_leaky_relu(info: NodeInfo) -> Callable[..., np.ndarray]:
         variant="qlinearglobalaveragepool.numpy")
 def qlinear_global_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Mean over the spatial dims (channels first, or last with channels_last=1), requantized:
-    saturate(round((sum - n x_zp) * (x_scale / (y_scale n)) + y_zp)); spatial dims become 1."""
+    saturate(round((sum - n x_zp) * (x_scale / (y_scale n))) + y_zp); spatial dims become 1."""
     op = "QLinearGlobalAveragePool"
     channels_last = bool(info.attrs.get("channels_last", 0))
 
@@ -230,6 +231,7 @@ def qlinear_global_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
             raise ValueError(f"{op}: X has no spatial elements to average ({x.shape})")
         v = (sums - xz * count).astype(_F32)
         v *= xs / (ys * _F32.type(count))
+        np.rint(v, out=v)  # before the zero point, as MLAS requantizes: it decides ties
         v += _F32.type(yz)
         return _saturate(v, dt).reshape(out_shape)
 
@@ -436,17 +438,29 @@ def qlinear_softmax(info: NodeInfo) -> Callable[..., np.ndarray]:
         variant="qlinearaveragepool.numpy")
 def qlinear_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Y = quantize(AveragePool(dequantize(X))) with AveragePool's attributes; channels_last=1
-    pools an (N, D1, ..., C) tensor. The pooling runs in float32 through AveragePool's kernel."""
-    from onnxkiln.providers.cpu.pool import average_pool
+    pools an (N, D1, ..., C) tensor.
+
+    As onnxruntime: each window is summed in float32 one tap at a time in row-major kernel
+    order (a float AveragePool's separable sums round differently, which moves ties), then
+    divided by the window count and y_scale, and y_zero_point added before rounding."""
+    from onnxkiln.providers.cpu.pool import _argmax_taps, _pool_geometry, _window_counts
 
     op = "QLinearAveragePool"
     attrs = {k: v for k, v in info.attrs.items() if k != "channels_last"}
     channels_last = bool(info.attrs.get("channels_last", 0))
+    include_pad = bool(attrs.get("count_include_pad") or 0)
     if attrs.get("kernel_shape") is None:
         raise ValueError(f"{op}: attribute 'kernel_shape' is required")
-    pool = average_pool(NodeInfo(name=info.name, op_type="AveragePool", domain="", opset=19,
-                                 attrs=attrs, n_inputs=1, n_outputs=1, input_present=(True,),
-                                 output_present=(True,)))
+
+    def pool(v: np.ndarray) -> np.ndarray:
+        geo = _pool_geometry(attrs, v.shape)
+        if geo.needs_pad:
+            v = padded_copy(v, geo, 0, _F32)
+        taps = _argmax_taps(geo)
+        acc = v[taps[0]].copy()
+        for tap in taps[1:]:
+            acc += v[tap]
+        return np.divide(acc, np.asarray(_window_counts(geo, include_pad), _F32), out=acc)
 
     def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
         dt = _qtype(op, x, "X")
@@ -462,10 +476,10 @@ def qlinear_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
         v *= xs
         if channels_last:
             v = np.moveaxis(v, -1, 1)
-        y = pool(np.ascontiguousarray(v))
+        y = pool(v)
         if channels_last:
             y = np.moveaxis(y, 1, -1)
-        y = np.divide(y, ys, dtype=_F32)
+        y /= ys
         y += _F32.type(yz)
         return _saturate(y, dt)
 
