@@ -25,6 +25,8 @@ def attention(rng):
          {"unidirectional": 1}),
         ("scale-attention-bias", {"ab": normal(rng, (1, heads, s, s))}, {"scale": 0.2}),
         ("qkv-hidden-sizes", {}, {"qkv_hidden_sizes": [16, 16, 8]}),
+        ("mask-filter-value", {"mask": np.array([[1, 1, 0, 0], [1, 0, 1, 1]], I32)},
+         {"mask_filter_value": -1000.0}),
     ):
         width = sum(attrs.get("qkv_hidden_sizes", [3 * d]))
         feeds = {"x": normal(rng, (b, s, d)), **extra}
@@ -35,6 +37,11 @@ def attention(rng):
             names.pop()
         cases.append(Case(name, feeds, {"num_heads": heads, **attrs}, consts, names,
                           rtol=2e-5, atol=2e-5))
+    past = normal(rng, (2, b, heads, 3, d // heads))
+    cases.append(Case("decode-past-unidirectional", {"x": normal(rng, (b, 1, d)), "past": past},
+                      {"num_heads": heads, "unidirectional": 1},
+                      {"w": normal(rng, (d, 3 * d), F32, 0.3), "bias": normal(rng, (3 * d,))},
+                      ["x", "w", "bias", "", "past"], n_out=2, rtol=2e-5, atol=2e-5))
     return cases
 
 
@@ -69,10 +76,13 @@ def multi_head_attention(rng):
 GQA_NAMES = ["q", "k", "v", "pk", "pv", "sl", "ts", "cos", "sin"]
 
 
-def _gqa(rng, dt, n, nk, h, s, past, seqlens, total, rotary=False):
+def _gqa(rng, dt, n, nk, h, s, past, seqlens, total, rotary=False, packed=False):
     b = len(seqlens)
-    feeds = {"q": normal(rng, (b, s, n * h), dt), "k": normal(rng, (b, s, nk * h), dt),
-             "v": normal(rng, (b, s, nk * h), dt)}
+    if packed:  # query holds Q, K and V; key and value absent
+        feeds = {"q": normal(rng, (b, s, (n + 2 * nk) * h), dt)}
+    else:
+        feeds = {"q": normal(rng, (b, s, n * h), dt), "k": normal(rng, (b, s, nk * h), dt),
+                 "v": normal(rng, (b, s, nk * h), dt)}
     if past:
         feeds["pk"], feeds["pv"] = (normal(rng, (b, nk, past, h), dt) for _ in range(2))
     feeds["sl"], feeds["ts"] = np.array(seqlens, I32), scalar(total, I32)
@@ -95,9 +105,10 @@ def group_query_attention(rng):
             ("decode-ragged-window", (1, 5, [5, 3], 6), {"local_window_size": 2}),
             ("chunk-rotary", (3, 5, [7], 8), {"do_rotary": 1, "rotary_interleaved": 1}),
             ("prompt-smooth", (3, 0, [2, 2], 3), {"smooth_softmax": 1, "scale": 0.3}),
+            ("decode-static-buffer-packed", (1, 8, [5, 2], 6), {"packed": True}),
         ):
             feeds, names = _gqa(rng, dt, 4, 2, 16, s, past, seqlens, total,
-                                rotary="do_rotary" in attrs)
+                                rotary="do_rotary" in attrs, packed=attrs.pop("packed", False))
             cases.append(Case(f"{np.dtype(dt).name}-{scen}", feeds,
                               {"num_heads": 4, "kv_num_heads": 2, **attrs}, names=names,
                               n_out=3, rtol=t, atol=t))

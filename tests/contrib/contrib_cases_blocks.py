@@ -44,6 +44,13 @@ def matmul_nbits(rng):
                           {"a": normal(rng, (2, 3, k))}, {"K": k, "N": n, "bits": bits,
                                                           "block_size": block},
                           consts, names, rtol=1e-5, atol=1e-4))
+    k, n = 32, 4
+    q = _nibbles(rng, (n, 2, 16), 4)
+    consts = {"B": pack(q, 4), "scales": rng.uniform(0.01, 0.2, (n, 2)).astype(F16),
+              "zp": pack(np.array([[0, 15]] * n), 4), "bias": normal(rng, (n,), F16)}
+    cases.append(Case("float16-bias-accuracy4", {"a": normal(rng, (3, k), F16)},
+                      {"K": k, "N": n, "bits": 4, "block_size": 16, "accuracy_level": 4},
+                      consts, ["a", "B", "scales", "zp", "", "bias"], rtol=2e-3, atol=2e-3))
     return cases
 
 
@@ -66,6 +73,12 @@ def gather_block_quantized(rng):
         cases.append(Case(f"uint8-bits{bits}", {"i": np.array([4, 0, -5], I32)},
                           {"bits": bits, "block_size": 16}, consts, ["data", "i", "scales", "zp"],
                           rtol=1e-3, atol=1e-4))
+    for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        data = normal(rng, (32, 6), dt, 3)
+        consts = {"data": data, "scales": rng.uniform(0.1, 1, (2, 6)).astype(F32)}
+        cases.append(Case(f"{np.dtype(dt).name}-gather-axis1", {"i": np.array([1, 5], I64)},
+                          {"block_size": 16, "quantize_axis": 0, "gather_axis": 1}, consts,
+                          ["data", "i", "scales"], rtol=0, atol=0))
     return cases
 
 

@@ -140,4 +140,13 @@ def qlinear_conv(rng):
                                "strides": [1, 2], "kernel_shape": [3, 3]}, consts,
                               ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
                               saturates=True))
+    x = qvalues(rng, (1, 2, 7, 7), U8)
+    consts = {"xs": scalar(0.05, F32), "xz": scalar(255, U8), "w": _weights(rng, I8, (3, 2, 3, 3)),
+              "ws": scalar(0.02, F32), "wz": scalar(0, I8), "ys": scalar(0.03, F32),
+              "yz": scalar(0, U8)}
+    cases += [Case(name, {"x": x}, {"kernel_shape": [3, 3], **attrs}, consts,
+                   ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"])
+              for name, attrs in (("same-upper-strided", {"auto_pad": "SAME_UPPER",
+                                                          "strides": [2, 1]}),
+                                  ("dilated-padded", {"dilations": [2, 2], "pads": [2, 1, 0, 2]}))]
     return cases
