@@ -17,6 +17,7 @@ import pytest
 from contrib_harness import ORT_LACKS, SPECS, check_against_ort, rng_for
 
 import onnxkiln.providers.cpu
+from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.registry import REGISTRY
 
 CASE_MODULES = (contrib_cases_attention, contrib_cases_blocks, contrib_cases_float,
@@ -71,6 +72,8 @@ def _params():
     return out
 
 
+@pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("op,domain,case", _params())
-def test_matches_onnxruntime(op, domain, case):
+def test_matches_onnxruntime(op, domain, case, numba_on, monkeypatch):
+    monkeypatch.setattr(_numba, "ENABLED", numba_on)  # read at plan time: both paths
     check_against_ort(op, domain, case)
