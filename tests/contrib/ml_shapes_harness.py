@@ -47,13 +47,14 @@ class MlCase:
     reference: list[np.ndarray] | None = None
     rtol: float = 1e-5
     atol: float = 1e-6
-    extra: dict[str, Any] = field(default_factory=dict)
+    input_types: dict[str, onnx.TypeProto] = field(default_factory=dict)  # map inputs
 
 
 def build(case: MlCase, extra: dict[str, Any] | None = None) -> onnx.ModelProto:
     node = helper.make_node(case.op, list(case.feeds), [n for n, _ in case.outputs], domain=ML)
     node.attribute.extend(_attribute(k, v) for k, v in {**case.attrs, **(extra or {})}.items())
-    inputs = [tensor_info(k, v.dtype, v.shape) for k, v in case.feeds.items()]
+    inputs = [helper.make_value_info(k, case.input_types[k]) if k in case.input_types
+              else tensor_info(k, v.dtype, v.shape) for k, v in case.feeds.items()]
     outputs = [helper.make_tensor_value_info(n, t, None) if t is not None
                else helper.make_value_info(n, onnx.TypeProto()) for n, t in case.outputs]
     graph = helper.make_graph([node], case.op.lower(), inputs, outputs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ml_shapes_harness import F32, I64, MlCase, check
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from onnxkiln.providers.cpu import _numba
 
@@ -140,13 +140,34 @@ def _empty_lists_and_zipmap():
     ]
 
 
-def _tensor(values, elem):
-    from onnx import helper
+def _maps():
+    def of(key, value):
+        return {"x": helper.make_map_type_proto(key, helper.make_tensor_type_proto(value, None))}
 
+    str_float, int_float = of(STRING, FLOAT), of(INT64, FLOAT)
+    return [
+        MlCase("dict-vectorizer-strings-unknown-key", "DictVectorizer",
+               {"x": {"a": 1.0, "c": 3.0, "z": 9.0}}, {"string_vocabulary": ["a", "b", "c"]},
+               (("y", FLOAT),), input_types=str_float),
+        MlCase("dict-vectorizer-ints", "DictVectorizer", {"x": {1: 2.0, 7: 3.0}},
+               {"int64_vocabulary": [5, 1]}, (("y", FLOAT),), input_types=int_float),
+        MlCase("cast-map-dense", "CastMap", {"x": {0: 1.5, 2: 2.5}}, {"cast_to": "TO_FLOAT"},
+               (("y", FLOAT),), input_types=int_float),
+        MlCase("cast-map-sparse-max-map", "CastMap", {"x": {0: 1.5, 2: 2.5}},
+               {"cast_to": "TO_FLOAT", "map_form": "SPARSE", "max_map": 4}, (("y", FLOAT),),
+               input_types=int_float),
+        MlCase("cast-map-to-string", "CastMap", {"x": {0: 1.5, 1: -2.0}},
+               {"cast_to": "TO_STRING"}, (("y", STRING),), input_types=int_float),
+        MlCase("cast-map-to-int64", "CastMap", {"x": {0: 1.5, 1: -2.7}}, {"cast_to": "TO_INT64"},
+               (("y", INT64),), input_types=int_float),
+    ]
+
+
+def _tensor(values, elem):
     return helper.make_tensor("t", elem, [len(values)], values)
 
 
-CASES = [*_preprocessing(), *_encoders(), *_empty_lists_and_zipmap()]
+CASES = [*_preprocessing(), *_encoders(), *_empty_lists_and_zipmap(), *_maps()]
 
 
 @pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
