@@ -98,7 +98,7 @@ def _toy_model():
     """A decoder step whose bound `position` (stable (1, 1) while decoding) and `scale` (never
     changes) feed view nodes: Reshape+Unsqueeze of position and Flatten of scale are elided
     on replays; Cast(position) copies, so it must run every step; Unsqueeze(mask) reads a
-    growing binding, so it runs too."""
+    growing binding: re-sliced from the mask's buffer each replay instead of dispatched."""
     rng = np.random.default_rng(0)
     nodes = [
         helper.make_node("Reshape", ["position", "flat"], ["pos_flat"]),
@@ -179,9 +179,10 @@ def _toy_plain(s, steps=10, doubled_from=None):
 
 
 # views reused per replay: position and scale; elided per replay after the recording one:
-# Reshape, Unsqueeze, Flatten, plus on the torch provider the uploads of position and scale
-# (no-ops for tensors already on the device)
-TOY_VIEW_COUNTS = {"cpu": (9 * 2 + 8 * 3, 8 * 3), "torch": (9 * 2 + 8 * 5, 8 * 5)}
+# Reshape, Unsqueeze, Flatten, and Unsqueeze(mask) re-sliced from the growing mask buffer,
+# plus on the torch provider the uploads of position, scale, mask and past_k (no-ops for
+# tensors already on the device; the last two re-sliced)
+TOY_VIEW_COUNTS = {"cpu": (9 * 2 + 8 * 4, 8 * 4), "torch": (9 * 2 + 8 * 8, 8 * 8)}
 
 
 @pytest.mark.parametrize("where", _providers())
@@ -203,11 +204,11 @@ def test_view_plan_counts_and_outputs_on_the_toy_decoder(where):
 def test_changing_a_stable_binding_rebuilds_the_view_plan():
     s = _session(_toy_model())
     toy = Toy(s)
-    toy.loop(4)  # replays 3, 4 elide 3 each; views reused 2 per replay
-    assert s.decode_view_plan_counts() == (3 * 2 + 2 * 3, 2 * 3)
+    toy.loop(4)  # replays 3, 4 elide 4 each; views reused 2 per replay
+    assert s.decode_view_plan_counts() == (3 * 2 + 2 * 4, 2 * 4)
     toy.scale.set_logical_shape((W,))  # same shape: still stable
     toy.step()
-    assert s.decode_view_plan_counts() == (4 * 2 + 3 * 3, 3 * 3)
+    assert s.decode_view_plan_counts() == (4 * 2 + 3 * 4, 3 * 4)
     new_scale = s.allocate_device_binding("scale", None, ok.DataType.FLOAT, (W,), (W,))
     new_scale.write(SCALE * 2)
     toy.binds[3] = new_scale  # another binding object: a new key
@@ -216,7 +217,7 @@ def test_changing_a_stable_binding_rebuilds_the_view_plan():
     toy.step()  # the first replay of the new entry records its view plan
     y3 = toy.step()
     assert s.decode_memo_counts() == (1, 2, 6, 0)
-    assert s.decode_view_plan_counts() == (6 * 2 + 4 * 3, 4 * 3)
+    assert s.decode_view_plan_counts() == (6 * 2 + 4 * 4, 4 * 4)
     expected = _toy_plain(_session(_toy_model()), steps=8, doubled_from=6)
     np.testing.assert_array_equal(y, expected[6])  # the new binding's values were used
     np.testing.assert_array_equal(y3, expected[8])

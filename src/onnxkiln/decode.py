@@ -32,6 +32,13 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.bindings import DeviceIoBinding, SessionBindings, copy_value, store
+from onnxkiln.decode_views import (
+    Reslice,
+    appends_held,
+    growing_candidates,
+    growing_sources,
+    resliced,
+)
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
 from onnxkiln.plan import Plan, Step, lifetimes
@@ -49,8 +56,8 @@ class _Entry:
     """The memo's one specialisation: what a replayed step reuses."""
 
     __slots__ = ("appended", "base", "bindings", "checks", "compiled", "input_slots", "key",
-                 "lengths", "plain_shapes", "plain_slot", "shapes", "template", "view_plan",
-                 "views")
+                 "lengths", "plain_now", "plain_shapes", "plain_slot", "shapes", "template",
+                 "view_plan", "views")
 
     def __init__(self, key: tuple, bindings: Sequence[DeviceIoBinding], compiled: CompiledPlan,
                  appended: frozenset[str], template: list[Any], plain_slot: dict[str, int],
@@ -66,9 +73,11 @@ class _Entry:
         self.views = views
         self.shapes = shapes
         self.checks = checks
-        self.view_plan: tuple[frozenset[int], CompiledPlan | None, int] | None = None
+        # (key, compiled without the elided steps, steps elided, re-sliced views)
+        self.view_plan: tuple[tuple, CompiledPlan | None, int, list[Reslice]] | None = None
         self.base = list(shapes)  # the bound inputs' logical shapes when it was built
         self.plain_shapes: dict[int, tuple[int, ...]] = {}
+        self.plain_now: tuple = ()  # this step's plain shapes, grown dims as None
         # bound dims that can move (logical < physical): (binding, axis)
         self.lengths = [(i, a) for i, (b, shape) in enumerate(zip(bindings, shapes))
                         if b.input_name for a, (n, cap) in enumerate(zip(shape, b.physical_shape))
@@ -170,8 +179,9 @@ class DecodeMemo:
             key = (_layout(bindings), plain_key)
             if key == entry.key and (plain_shapes == entry.plain_shapes or entry.follows(
                     plain_shapes, [b.logical_shape for b in bindings])):
+                entry.plain_now = _grown_key(entry.plain_shapes, plain_shapes)
                 if not self.verify:
-                    outputs = self._replay(entry, values, bindings, trace)
+                    outputs = self._replay(entry, values, feeds, bindings, trace)
                 else:
                     outputs = self._verified(entry, values, feeds, bindings, trace, step)
                 self._replayed += 1
@@ -247,8 +257,8 @@ class DecodeMemo:
             slots = {name: validator.by_name[name].position for name in feeds}
         return values, *_plain_key(validator, slots, values)
 
-    def _replay(self, entry: _Entry, values: list[Any], bindings: list[DeviceIoBinding],
-                trace: TraceContext | None) -> list[Any]:
+    def _replay(self, entry: _Entry, values: list[Any], feeds: dict[str, Any],
+                bindings: list[DeviceIoBinding], trace: TraceContext | None) -> list[Any]:
         stable = []
         shapes = [b.logical_shape for b in bindings]
         for i, (b, pos) in enumerate(zip(bindings, entry.input_slots)):
@@ -262,25 +272,49 @@ class DecodeMemo:
                 entry.shapes[i] = shapes[i]
         if entry.checks:
             self._check_dims(entry, values, shapes)
-        key = frozenset(stable)
-        plan = entry.view_plan
-        if plan is not None and plan[0] == key:
-            compiled = plan[1] or entry.compiled
-            outputs = self._execute(compiled, values, trace)
-            self._views_reused += len(stable) + plan[2]
-            self._elided += plan[2]
-        else:
-            slots = {entry.input_slots[i] for i in stable}
-            candidates = _candidates(entry.compiled.plan, slots)
-            recorder = _Recorder(candidates)
-            outputs = self._execute(entry.compiled, values, trace, recorder if candidates
-                                    else None)
-            elided = _confirmed(entry.compiled.plan, slots, recorder.outs)
-            entry.view_plan = (key, elide_steps(entry.compiled, elided) if elided else None,
-                               len(elided))
+        key = (frozenset(stable), entry.plain_now)
+        plan, cuts = entry.view_plan, []
+        if plan is None or plan[0] != key:
+            outputs = self._record_view_plan(entry, key, values, bindings, shapes, trace)
             self._views_reused += len(stable)
+        else:
+            compiled, elided, cuts = plan[1] or entry.compiled, plan[2], plan[3]
+            if cuts:  # views of growing buffers: re-sliced, not dispatched
+                values = [*values, *(c.source.value(bindings) for c in cuts)]
+            outputs = self._execute(compiled, values, trace)
+            self._views_reused += len(stable) + elided
+            self._elided += elided
         self._bindings.write_back(outputs, bindings, entry.appended)
+        if cuts and not appends_held(cuts, bindings, shapes):
+            # an append added another count than when the views were cut: the step again on
+            # the ordinary path from the lengths before it (its writes land where they did)
+            entry.view_plan = None
+            for b, shape in zip(bindings, shapes):
+                b.set_logical_shape(shape)
+            return self._ordinary(feeds, bindings, _views(bindings), trace)[0]
         return self._finish(outputs)
+
+    def _record_view_plan(self, entry: _Entry, key: tuple, values: list[Any],
+                          bindings: list[DeviceIoBinding], shapes: list[tuple[int, ...]],
+                          trace: TraceContext | None) -> list[Any]:
+        """Run the step recording its view candidates, and keep the view plan for `key`:
+        views of unchanged bindings and constants become constants, views of growing
+        buffers re-slices (onnxkiln.decode_views)."""
+        plan, stable = entry.compiled.plan, key[0]
+        slots = {entry.input_slots[i] for i in stable}
+        candidates = _candidates(plan, slots)
+        growing = [i for i, pos in enumerate(entry.input_slots)
+                   if pos is not None and i not in stable]
+        sources = growing_sources(plan, bindings, entry.input_slots, growing, values)
+        more = growing_candidates(plan, sources, candidates, _is_candidate)
+        recorder = _Recorder(candidates | more)
+        outputs = self._execute(entry.compiled, values, trace,
+                                recorder if candidates or more else None)
+        elided = _confirmed(plan, slots, recorder.outs)
+        cuts = resliced(plan, sources, bindings, shapes, recorder.outs, more)
+        compiled = elide_steps(entry.compiled, elided, cuts) if elided or cuts else None
+        entry.view_plan = (key, compiled, len(elided) + len(cuts), list(cuts.values()))
+        return outputs
 
     def _check_dims(self, entry: _Entry, values: list[Any], shapes: list[tuple[int, ...]]
                     ) -> None:
@@ -299,7 +333,7 @@ class DecodeMemo:
         provider = self._bindings.provider
         saved = [(b, b.logical_shape, copy_value(b.view())) for b in bindings
                  if b.input_name and b.output_name]
-        memo = self._replay(entry, values, bindings, trace)
+        memo = self._replay(entry, values, feeds, bindings, trace)
         memo_outputs = [_host(provider, v, copy=True) for v in memo]
         memo_bound = [(b.logical_shape, _host(provider, b.view(), copy=True))
                       for b in bindings if b.output_name]
@@ -317,20 +351,25 @@ class DecodeMemo:
         return plain
 
 
-def elide_steps(compiled: CompiledPlan, recorded: Mapping[int, tuple[Step, tuple]]
-                ) -> CompiledPlan:
-    """`compiled`'s plan without the recorded steps, their outputs turned into constants.
+def elide_steps(compiled: CompiledPlan, recorded: Mapping[int, tuple[Step, tuple]],
+                cuts: Mapping[int, Reslice] | None = None) -> CompiledPlan:
+    """`compiled`'s plan without the recorded steps, their outputs turned into constants,
+    and without the `cut` steps, their outputs extra plan inputs (after the model's, in
+    `cuts` order: the caller re-slices them each run).
 
     `recorded`: step index -> (step, its outputs as the recording run made them).
     """
     plan: Plan = compiled.plan
+    cuts = cuts or {}
     constants = dict(plan.constants)
     for step, outs in recorded.values():
         written = step.outputs if step.spec.multi_output else step.outputs[:1]
         constants.update(zip([s for s in written if s is not None], outs))
-    steps = [s for i, s in enumerate(plan.steps) if i not in recorded]
-    last_use = lifetimes(steps, plan.input_slots, plan.output_slots, constants)
-    elided = dataclasses.replace(plan, steps=steps, constants=constants, last_use=last_use)
+    steps = [s for i, s in enumerate(plan.steps) if i not in recorded and i not in cuts]
+    inputs = [*plan.input_slots, *(c.slot for c in cuts.values())]
+    last_use = lifetimes(steps, inputs, plan.output_slots, constants)
+    elided = dataclasses.replace(plan, steps=steps, constants=constants, last_use=last_use,
+                                 input_slots=inputs)
     return CompiledPlan(elided, compiled.inplace)
 
 
@@ -442,6 +481,13 @@ def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list
         else:
             key.append((pos, type(v), None))
     return tuple(key), shapes
+
+
+def _grown_key(base: Mapping[int, tuple[int, ...]], now: Mapping[int, tuple[int, ...]]
+               ) -> tuple:
+    """The plain shapes with the dims that grew since `base` (logical lengths) as None."""
+    return tuple((pos, tuple(None if d != d0 else d for d, d0 in zip(shape, base[pos])))
+                 for pos, shape in now.items())
 
 
 def _dim_checks(validator: InputValidator, input_slots: Sequence[int | None]
