@@ -428,7 +428,7 @@ def test_only_one_of_the_pair_bound_falls_back_to_copying():
 # SkipSimplifiedLayerNormalization), random weights
 
 
-def _genai_llama():
+def _genai(arch):
     try:
         from bench import genai_models
     except ImportError as e:  # bench/ is not installed with the package
@@ -436,7 +436,7 @@ def _genai_llama():
     why = genai_models.available()
     if why:
         pytest.skip(why)
-    folder = genai_models.build("llama", "fp32", hidden=64, layers=2)
+    folder = genai_models.build(arch, "fp32", hidden=64, layers=2)
     return genai_models.DecoderIO(folder)
 
 
@@ -455,10 +455,11 @@ def _greedy(run, io, prompt, steps, past):
     return produced, logits
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
 @pytest.mark.parametrize("where", _providers())
-def test_genai_llama_32_greedy_tokens_through_bound_runs(where, static):
-    io = _genai_llama()
+def test_genai_decoder_32_greedy_tokens_through_bound_runs(where, static, arch):
+    io = _genai(arch)
     prompt, steps = [5, 6, 7, 8], 32
     cap = len(prompt) + steps
     s = _session(str(io.model_path), where)
