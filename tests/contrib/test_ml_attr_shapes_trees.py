@@ -172,6 +172,22 @@ def _tree_ensemble_5():
                                 _v5(legacy, "target", 2, aggregate_function=code), ml_opset=5,
                                 rtol=1e-5, atol=1e-6))
     legacy = {**forest(), **regressor_targets(1)}
+    member = _v5(legacy, "target", 1)
+    codes = [0] * len(member["nodes_featureids"])
+    codes[-1] = 6  # tree 1's root: x[2] in {0, -1, 2} (NaN ends each node's set; onnxruntime
+    # implements integer sets only)
+    member["nodes_modes"] = helper.make_tensor("m", TensorProto.UINT8, [len(codes)], codes)
+    member["membership_values"] = helper.make_tensor("mv", TensorProto.FLOAT, [4],
+                                                     [0.0, -1.0, 2.0, np.nan])
+    xm = X.copy()  # integer codes: onnxruntime's answer for a non-integer x depends on the set
+    xm[:, 2] = [-1.0, 2.0, 0.0, 3.0, 1.0, np.nan]
+    cases.append(MlCase("te5-member", "TreeEnsemble", {"x": xm}, member, ml_opset=5))
+    cases.append(MlCase("te5-missing-tracks-true", "TreeEnsemble", {"x": X},
+                        _v5(legacy, "target", 1, nodes_missing_value_tracks_true=[1, 0, 1]),
+                        ml_opset=5))
+    cases.append(_clf("missing-tracks-true-logistic", [0, 1], [0],
+                      {"post_transform": "LOGISTIC",
+                       "nodes_missing_value_tracks_true": [1] * len(forest()["nodes_modes"])}))
     cases.append(MlCase("te5-default-aggregate", "TreeEnsemble", {"x": X},
                         _v5(legacy, "target", 1), ml_opset=5))
     cases.append(MlCase("te5-probit", "TreeEnsemble", {"x": X},
