@@ -181,13 +181,19 @@ def pad(rng):
     cases.append(Case("constant", {"x": x, "p": pads, "v": scalar(-2.5, F32)}))
     cases.append(Case("negative", {"x": x, "p": np.array([0, -1, 1, 0, 0, -2], I64)}))
     cases.append(Case("pads-2d", {"x": x, "p": np.array([[0, 1, 2, 1, 0, 3]], I64)}))
+    cases.append(Case("reflect-at-most-dim-1", {"x": x, "p": np.array([1, 2, 3, 1, 2, 3], I64)},
+                      {"mode": "reflect"}))
+    cases.append(Case("reflect-past-dim-1", {"x": x, "p": np.array([0, 3, 0, 0, 0, 0], I64)},
+                      {"mode": "reflect"}, refuses=True))
     return cases
 
 
 @spec("Unique")
 def unique(rng):
     return [Case("float", {"x": rng.integers(-3, 4, 12).astype(F32)}, n_out=3),
-            Case("negative-zero", {"x": np.array([0.0, -0.0, 2, 2, -1], F32)}, n_out=3)]
+            Case("negative-zero", {"x": np.array([0.0, -0.0, 2, 2, -1], F32)}, n_out=3),
+            Case("nans-distinct", {"x": np.array([1.0, np.nan, 1, np.nan, -0.0, 0.0], F32)},
+                 n_out=3)]
 
 
 @spec("CDist")

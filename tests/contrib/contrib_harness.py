@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from onnxkiln import InferenceSession
+from onnxkiln.errors import SessionError
 from onnxkiln.testing import node_model, run_ort
 
 MS = "com.microsoft"
@@ -58,6 +59,7 @@ class Case:
     ort_runner: Callable[[onnx.ModelProto, dict], list] | None = None  # instead of run_ort
     project: Callable[[list], list] | None = None  # applied to both sides' outputs first
     saturates: bool = False  # output 0 must reach both ends of its integer type
+    refuses: bool = False  # onnxruntime refuses the node: onnxkiln must, with a SessionError
     widen: bool = False  # 4-bit outputs: onnxruntime's Python API returns none, so both
     # sides are compared after a cast to 8 bits (a Cast node on onnxruntime's side)
 
@@ -172,6 +174,14 @@ def check_against_ort(op: str, domain: str, case: Case) -> None:
         compare(case, run_onnxkiln(model, case.feeds), case.reference(**case.feeds))
         return
     reference = model if case.ort_domain is None else build(op, case.ort_domain, case)
+    if case.refuses:
+        import pytest
+
+        with pytest.raises(Exception, match="ONNXRuntimeError"):
+            run_ort(reference, case.feeds)
+        with pytest.raises(SessionError):
+            run_onnxkiln(model, case.feeds)
+        return
     ours = run_onnxkiln(model, case.feeds)
     if case.widen:
         ours = [_widen(reference, i, v) for i, v in enumerate(ours)]

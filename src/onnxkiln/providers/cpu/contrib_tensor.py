@@ -75,15 +75,17 @@ def pad_ms(info: NodeInfo) -> Callable[..., np.ndarray]:
         capture=CaptureSupport.DATA_DEPENDENT_SHAPE)
 def unique_ms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct values of 1-D x in order of first occurrence, each element's index into them,
-    and each value's count."""
+    and each value's count. As in onnxruntime (a hash map of values), every NaN is distinct
+    and 0.0 / -0.0 are one value, shown as its first occurrence."""
     if x.ndim != 1:
         raise ValueError(f"Unique: x must be 1-D, got shape {x.shape}")
-    vals, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
-                                             return_counts=True)
+    kw = {"equal_nan": False} if x.dtype.kind in "fc" else {}
+    _, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
+                                          return_counts=True, **kw)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    return vals[order], rank[inverse.reshape(-1)].astype(_I64), counts[order].astype(_I64)
+    return x[first[order]], rank[inverse.reshape(-1)].astype(_I64), counts[order].astype(_I64)
 
 
 @kernel("CDist", since=1, domain=MS, factory=True, variant="cdist.gemm")
