@@ -1,6 +1,6 @@
 """CPU kernels: onnxruntime's com.microsoft block-quantized and integer matmul ops.
 
-MatMulNBits, GatherBlockQuantized, DynamicQuantizeMatMul, MatMulIntegerToFloat and the
+GatherBlockQuantized, DynamicQuantizeMatMul, MatMulIntegerToFloat and the
 com.microsoft QuantizeLinear/DequantizeLinear (per tensor or per `axis`, through quant.py).
 
 onnx knows none of these schemas, so no attribute defaults are filled in at plan time: every
@@ -17,6 +17,11 @@ import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu.contrib_nbits import (  # noqa: F401  (MatMulNBits lives there)
+    _nbits_weight,
+    _NBitsGeometry,
+    unpack_bits,
+)
 from onnxkiln.providers.cpu.quant import (
     dequantize_linear as _onnx_dequantize_linear,
 )
@@ -62,149 +67,10 @@ def _all_const(info: NodeInfo, idx: tuple[int, ...]) -> bool:
     return all(const_input(info, i) is not None for i in idx if _present(info, i))
 
 
-def unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 values packed `8 // bits` to a byte (low bits first) along the last axis, unpacked.
-
-    The result has `packed.shape[-1] * 8 // bits` entries on the last axis (uint8).
-    """
-    if bits == 8:
-        return packed
-    per = 8 // bits
-    shifts = np.arange(0, 8, bits, dtype=_U8)
-    out = np.right_shift(packed[..., None], shifts)
-    np.bitwise_and(out, _U8.type((1 << bits) - 1), out=out)
-    return out.reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
 def _check_bits(op: str, bits: int, allowed: tuple[int, ...]) -> int:
     if bits not in allowed:
         raise ValueError(f"{op}: bits must be one of {list(allowed)}, got {bits}")
     return bits
-
-
-# ---------------------------------------------------------------------------------------------
-# MatMulNBits
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _NBitsGeometry:
-    k: int
-    n: int
-    bits: int
-    block: int
-    n_blocks: int
-    blob: int
-
-
-def _nbits_weight(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None,
-                  g_idx: np.ndarray | None) -> np.ndarray:
-    """The dequantized weight W (N, K) in float32: (q - zero_point) * scale per K block."""
-    op = "MatMulNBits"
-    if b.dtype != _U8:
-        raise TypeError(f"{op}: B must be uint8, got {b.dtype}")
-    if b.shape != (g.n, g.n_blocks, g.blob):
-        raise ValueError(
-            f"{op}: B must have shape (N, k_blocks, blob_size) = ({g.n}, {g.n_blocks}, {g.blob}) "
-            f"for K={g.k}, N={g.n}, bits={g.bits}, block_size={g.block}; got {b.shape}"
-        )
-    if scales.size != g.n * g.n_blocks:
-        raise ValueError(
-            f"{op}: scales must have N * k_blocks = {g.n * g.n_blocks} values (shape "
-            f"({g.n}, {g.n_blocks})), got shape {scales.shape}"
-        )
-    q = unpack_bits(b, g.bits).reshape(g.n, g.n_blocks, g.block)
-    s = scales.reshape(g.n, g.n_blocks).astype(_F32)
-    if zp is None:
-        z: np.ndarray = np.full((g.n, g.n_blocks), float(1 << (g.bits - 1)), _F32)
-    elif zp.dtype == _U8:
-        per_row = -(-g.n_blocks * g.bits // 8)
-        if zp.size != g.n * per_row:
-            raise ValueError(
-                f"{op}: packed uint8 zero_points must have shape (N, ceil(k_blocks * bits / 8)) "
-                f"= ({g.n}, {per_row}), got {zp.shape}"
-            )
-        z = unpack_bits(zp.reshape(g.n, per_row), g.bits)[:, : g.n_blocks].astype(_F32)
-    else:
-        if zp.size != g.n * g.n_blocks:
-            raise ValueError(
-                f"{op}: zero_points of type {zp.dtype} must have shape (N, k_blocks) = "
-                f"({g.n}, {g.n_blocks}), got {zp.shape}"
-            )
-        z = zp.reshape(g.n, g.n_blocks).astype(_F32)
-    if g_idx is not None:
-        gi = g_idx.reshape(-1).astype(np.int64)
-        if gi.shape[0] != g.k:
-            raise ValueError(f"{op}: g_idx must have K = {g.k} entries, got {g_idx.shape}")
-        if gi.size and (gi.min() < 0 or gi.max() >= g.n_blocks):
-            raise IndexError(f"{op}: g_idx values must lie in [0, {g.n_blocks}), got "
-                             f"[{int(gi.min())}, {int(gi.max())}]")
-        if not np.array_equal(gi, np.arange(g.k) // g.block):  # act-order: a block per K row
-            w = q.reshape(g.n, -1)[:, : g.k].astype(_F32)
-            w -= z[:, gi]
-            w *= s[:, gi]
-            return w
-    w = q.astype(_F32)
-    w -= z[:, :, None]
-    w *= s[:, :, None]
-    w = w.reshape(g.n, g.n_blocks * g.block)
-    return np.ascontiguousarray(w[:, : g.k]) if g.n_blocks * g.block != g.k else w
-
-
-@kernel("MatMulNBits", since=1, domain=MS, factory=True, variant="matmulnbits.dequant_blas")
-def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
-    """Y = A @ dequantize(B).T (+ bias); B holds N x K weights packed 2/4/8 bits per value.
-
-    Dequantization is (q - zero_point) * scale per block of `block_size` along K. With B,
-    scales, zero_points and g_idx constant, the float32 weight is built once per node and
-    each run is a single BLAS matmul. `accuracy_level` only lets onnxruntime lower its internal
-    precision; here A is always multiplied in float32 (float16/bfloat16 A are cast).
-    """
-    op = "MatMulNBits"
-    attrs = info.attrs
-    for name in ("K", "N", "block_size"):
-        if attrs.get(name) is None:
-            raise ValueError(f"{op}: attribute '{name}' is required")
-    k, n, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
-    bits = _check_bits(op, int(attrs.get("bits", 4)), (2, 4, 8))
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"{op}: block_size must be a power of 2 >= 16, got {block}")
-    if int(attrs.get("weight_prepacked", 0) or 0):
-        raise ValueError(f"{op}: weight_prepacked={attrs['weight_prepacked']} is a CUDA layout; "
-                         f"only 0 (not prepacked) is supported on the CPU")
-    n_blocks = -(-k // block)
-    geo = _NBitsGeometry(k, n, bits, block, n_blocks, block * bits // 8)
-    static = _all_const(info, (1, 2, 3, 4))
-    cached: list[np.ndarray] = []
-
-    def weight_t(b, scales, zp, g_idx) -> np.ndarray:
-        if static and cached:
-            return cached[0]
-        wt = _nbits_weight(geo, b, scales, zp, g_idx).T  # (K, N), a BLAS-ready F-order view
-        if static:
-            cached.append(wt)
-        return wt
-
-    def run(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points=None, g_idx=None,
-            bias=None) -> np.ndarray:
-        if a.ndim < 1 or a.shape[-1] != k:
-            raise ValueError(f"{op}: A's last dim must be K = {k}, got shape {a.shape}")
-        if bias is not None and bias.size != n:
-            raise ValueError(f"{op}: bias must have N = {n} values, got shape {bias.shape}")
-        out_dt = a.dtype
-        if b.size == 0:  # an omitted projection: zeros (plus bias)
-            y = np.zeros((*a.shape[:-1], n), _F32)
-        else:
-            wt = weight_t(b, scales, zero_points, g_idx)
-            a32 = a if a.dtype == _F32 else a.astype(_F32)
-            if a32.ndim > 2 and a32.flags.c_contiguous:
-                y = (a32.reshape(-1, k) @ wt).reshape(*a.shape[:-1], n)
-            else:
-                y = np.matmul(a32, wt)
-        if bias is not None:
-            y += bias.reshape(n).astype(_F32, copy=False)
-        return y if out_dt == _F32 else y.astype(out_dt)
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------------

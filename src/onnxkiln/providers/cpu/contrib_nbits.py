@@ -1,0 +1,415 @@
+"""CPU kernel: onnxruntime's com.microsoft MatMulNBits, computed as onnxruntime's CPU does.
+
+Y = A @ dequantize(B).T (+ bias), B holding N x K weights packed 2/4/8 bits per value, with
+(q - zero_point) * scale per block of `block_size` along K. What onnxruntime 1.32's CPU
+kernel computes, probed on generated inputs (tests/providers/cpu/test_matmulnbits.py):
+
+- accuracy_level 0..3: float32 (levels 2 and 3, float16 and bfloat16, are not run in lower
+  precision on the CPU: their results are float32's to rounding).
+- accuracy_level 4, when B, scales and zero points are constants, there is no g_idx, zero
+  points are absent or packed uint8, and the bits/block_size pair has an int8 kernel (every
+  block size for 4 and 8 bits, 32/64/128 for 2 bits): A is quantized to int8 per row and
+  block of `block_size` along K, symmetric, scale = amax / 127 and
+  q = round_half_even(a * (127 / amax)); each block's dot product with (q_B - zero_point) is
+  exact in integers and scaled by a_scale * b_scale, the blocks summed in float32. Anything
+  else at level 4 runs in float32, as onnxruntime does.
+- with g_idx, onnxruntime ignores packed uint8 zero points (it uses 2^(bits-1)); onnxkiln
+  applies them, as the op's definition says.
+
+Paths: with numba, rows of A up to NUMBA_ROWS_MAX go through `_numba_nbits.nbits_tiles`, which
+reads the 4-bit weights (repacked once into column tiles, still 4 bits a value) and never
+builds the float32 matrix; larger products and the numpy fallback use a float32 matrix built
+once per node (the dequantized weights for the float levels, (q - zero_point) for level 4)
+and BLAS. Level 4 gives bit-identical results on every path: the per-block dot products are
+exact integers and the blocks are summed in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from onnxkiln.pool import active_threads, parallel_for
+from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu._tensor_util import const_input
+from onnxkiln.providers.cpu.registry import kernel
+
+__all__ = ["NbitsMatMul", "unpack_bits"]
+
+MS = "com.microsoft"
+OP = "MatMulNBits"
+_F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
+_FLOATS = frozenset({_F32, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+TILE = 32  # _numba_nbits.TILE (that module imports numba)
+NUMBA_ROWS_MAX = 16
+"""Rows of A up to which the numba kernel runs (decode steps, small batches); beyond, BLAS on
+the float32 matrix wins: it computes each weight once for all rows."""
+SPLIT_MIN_WEIGHTS = 1 << 16  # products with fewer weights run on one thread
+INT8_BLOCKS_2BIT = (32, 64, 128)  # the block sizes onnxruntime's 2-bit int8 kernel takes
+
+
+def unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 values packed `8 // bits` to a byte (low bits first) along the last axis, unpacked.
+
+    The result has `packed.shape[-1] * 8 // bits` entries on the last axis (uint8).
+    """
+    if bits == 8:
+        return packed
+    per = 8 // bits
+    shifts = np.arange(0, 8, bits, dtype=_U8)
+    out = np.right_shift(packed[..., None], shifts)
+    np.bitwise_and(out, _U8.type((1 << bits) - 1), out=out)
+    return out.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _NBitsGeometry:
+    k: int
+    n: int
+    bits: int
+    block: int
+    n_blocks: int
+    blob: int
+
+
+def _check_packing(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray) -> None:
+    if b.dtype != _U8:
+        raise TypeError(f"{OP}: B must be uint8, got {b.dtype}")
+    if b.shape != (g.n, g.n_blocks, g.blob):
+        raise ValueError(
+            f"{OP}: B must have shape (N, k_blocks, blob_size) = ({g.n}, {g.n_blocks}, {g.blob}) "
+            f"for K={g.k}, N={g.n}, bits={g.bits}, block_size={g.block}; got {b.shape}"
+        )
+    if scales.dtype not in _FLOATS:
+        raise TypeError(f"{OP}: scales must be float32/float16/bfloat16, got {scales.dtype}")
+    if scales.size != g.n * g.n_blocks:
+        raise ValueError(
+            f"{OP}: scales must have N * k_blocks = {g.n * g.n_blocks} values (shape "
+            f"({g.n}, {g.n_blocks})), got shape {scales.shape}"
+        )
+
+
+def _zero_points(g: _NBitsGeometry, zp: np.ndarray | None) -> np.ndarray:
+    """Zero points as float32 (N, k_blocks): 2^(bits-1) when absent, unpacked from uint8."""
+    if zp is None:
+        return np.full((g.n, g.n_blocks), float(1 << (g.bits - 1)), _F32)
+    if zp.dtype == _U8:
+        per_row = -(-g.n_blocks * g.bits // 8)
+        if zp.size != g.n * per_row:
+            raise ValueError(
+                f"{OP}: packed uint8 zero_points must have shape (N, ceil(k_blocks * bits / 8)) "
+                f"= ({g.n}, {per_row}), got {zp.shape}"
+            )
+        return unpack_bits(zp.reshape(g.n, per_row), g.bits)[:, : g.n_blocks].astype(_F32)
+    if zp.dtype not in _FLOATS:
+        raise TypeError(f"{OP}: zero_points must be packed uint8 or scales' float type, got "
+                        f"{zp.dtype}")
+    if zp.size != g.n * g.n_blocks:
+        raise ValueError(
+            f"{OP}: zero_points of type {zp.dtype} must have shape (N, k_blocks) = "
+            f"({g.n}, {g.n_blocks}), got {zp.shape}"
+        )
+    return zp.reshape(g.n, g.n_blocks).astype(_F32)
+
+
+def _group_index(g: _NBitsGeometry, g_idx: np.ndarray) -> np.ndarray | None:
+    """g_idx as int64 (K,), or None when it is the trivial k // block_size."""
+    gi = g_idx.reshape(-1).astype(np.int64)
+    if gi.shape[0] != g.k:
+        raise ValueError(f"{OP}: g_idx must have K = {g.k} entries, got {g_idx.shape}")
+    if gi.size and (gi.min() < 0 or gi.max() >= g.n_blocks):
+        raise IndexError(f"{OP}: g_idx values must lie in [0, {g.n_blocks}), got "
+                         f"[{int(gi.min())}, {int(gi.max())}]")
+    return None if np.array_equal(gi, np.arange(g.k) // g.block) else gi
+
+
+def _nbits_weight(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None,
+                  g_idx: np.ndarray | None) -> np.ndarray:
+    """The dequantized weight W (N, K) in float32: (q - zero_point) * scale per K block."""
+    _check_packing(g, b, scales)
+    q = unpack_bits(b, g.bits).reshape(g.n, g.n_blocks, g.block)
+    s = scales.reshape(g.n, g.n_blocks).astype(_F32)
+    z = _zero_points(g, zp)
+    gi = None if g_idx is None else _group_index(g, g_idx)
+    if gi is not None:  # act-order: a block per K row
+        w = q.reshape(g.n, -1)[:, : g.k].astype(_F32)
+        w -= z[:, gi]
+        w *= s[:, gi]
+        return w
+    w = q.astype(_F32)
+    w -= z[:, :, None]
+    w *= s[:, :, None]
+    w = w.reshape(g.n, g.n_blocks * g.block)
+    return np.ascontiguousarray(w[:, : g.k]) if g.n_blocks * g.block != g.k else w
+
+
+def _tiles(v: np.ndarray, n_tiles: int) -> np.ndarray:
+    """(N, ...) -> (n_tiles, ..., TILE): TILE consecutive rows side by side, zero-padded."""
+    pad = np.zeros((n_tiles * TILE, *v.shape[1:]), v.dtype)
+    pad[: v.shape[0]] = v
+    t = pad.reshape(n_tiles, TILE, *v.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(t, 1, -1))
+
+
+class NbitsMatMul:
+    """The product A (M, K) @ W.T for one node's constant weights, every path prepared lazily.
+
+    `int8`: accuracy level 4 as onnxruntime computes it (module doc). Each prepared form of
+    the weights (dequantized float32 for BLAS, (q - zero_point) per block for the exact
+    numpy path, column tiles for numba) is built on first use and kept for the node.
+    """
+
+    def __init__(self, g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray,
+                 zp: np.ndarray | None, int8: bool) -> None:
+        _check_packing(g, b, scales)
+        self.g, self.int8 = g, int8
+        self._b = b
+        self._s = scales.reshape(g.n, g.n_blocks).astype(_F32)
+        self._z = _zero_points(g, zp)
+        self._dense: np.ndarray | None = None  # W.T (K, N), dequantized
+        self._ints: np.ndarray | None = None  # (k_blocks, block, N): q - zero_point
+        self._tiled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.fast = _numba.lazy("nbits_tiles", _F32) if int8 else None
+        self.quant = _numba.lazy("nbits_quantize", _F32) if int8 else None
+
+    # ------------------------------------------------------------------ prepared weights
+    def _centered(self) -> np.ndarray:
+        g = self.g
+        q = unpack_bits(self._b, g.bits).reshape(g.n, g.n_blocks, g.block).astype(_F32)
+        q -= self._z[:, :, None]
+        return q
+
+    def dense(self) -> np.ndarray:
+        """W.T (K, N) in float32, dequantized."""
+        if self._dense is None:
+            w = self._centered()
+            w *= self._s[:, :, None]
+            self._dense = np.ascontiguousarray(w.reshape(self.g.n, -1)[:, : self.g.k].T)
+        return self._dense
+
+    def ints(self) -> np.ndarray:
+        """(q - zero_point) as float32 (k_blocks, block, N): exact small integers."""
+        if self._ints is None:
+            self._ints = np.ascontiguousarray(self._centered().transpose(1, 2, 0))
+        return self._ints
+
+    def tiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, scales, zero points) in column tiles for nbits_tiles."""
+        if self._tiled is None:
+            n_tiles = -(-self.g.n // TILE)
+            self._tiled = (_tiles(self._b, n_tiles), _tiles(self._s, n_tiles),
+                           _tiles(self._z, n_tiles))
+        return self._tiled
+
+    # ------------------------------------------------------------------ activations
+    def quantize(self, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Level 4's int8 activations as float32 (M, k_blocks, block) and their scales."""
+        g = self.g
+        m = a2.shape[0]
+        x = np.zeros((m, g.n_blocks * g.block), _F32)
+        x[:, : g.k] = a2
+        xb = x.reshape(m, g.n_blocks, g.block)
+        amax = np.abs(xb).max(axis=2)
+        with np.errstate(divide="ignore"):
+            inv = np.where(amax > 0, _F32.type(127) / amax, _F32.type(0)).astype(_F32)
+        q = np.rint(xb * inv[:, :, None])
+        np.clip(q, -128, 127, out=q)
+        return q, (amax / _F32.type(127)).astype(_F32)
+
+    # ------------------------------------------------------------------ products
+    def numpy_product(self, a2: np.ndarray) -> np.ndarray:
+        """(M, N) through BLAS. Level 4 with up to NUMBA_ROWS_MAX rows takes the exact
+        per-block products (nbits_tiles' bits); larger ones multiply the dequantized int8
+        activations by the float32 weights in one GEMM (onnxruntime's numbers to float
+        rounding, at GEMM speed)."""
+        if not self.int8:
+            return a2 @ self.dense()
+        q, sc = self.quantize(a2)
+        if a2.shape[0] > NUMBA_ROWS_MAX:
+            q *= sc[:, :, None]
+            return q.reshape(a2.shape[0], -1)[:, : self.g.k] @ self.dense()
+        dots = np.matmul(q.transpose(1, 0, 2), self.ints())  # (k_blocks, M, N), exact
+        y = np.zeros(dots.shape[1:], _F32)
+        s = self._s
+        for k in range(self.g.n_blocks):  # block order, as nbits_tiles sums them
+            y += (sc[:, k, None] * s[None, :, k]) * dots[k]
+        return y
+
+    def numba_product(self, m: int) -> Callable[[np.ndarray], np.ndarray] | None:
+        """call(a2) -> (M, N) through nbits_tiles for M = m rows, split into column-tile
+        chunks across the pool; None when numba is off, does not import, or m is large."""
+        if (self.fast is None or self.quant is None or m > NUMBA_ROWS_MAX
+                or not self.fast.ready() or not self.quant.ready()):
+            return None
+        fn, quant, g = self.fast.fn, self.quant.fn, self.g
+        bt, st, zt = self.tiled()
+        n_tiles = bt.shape[0]
+        threads = active_threads()
+        parts = min(n_tiles, 4 * threads) if threads > 1 and g.k * g.n >= SPLIT_MIN_WEIGHTS \
+            else 1
+        bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
+        planes = (m, g.n_blocks, 8 // g.bits, g.blob)
+
+        def call(a2: np.ndarray) -> np.ndarray:
+            c = np.empty(planes, _F32)
+            a_sum, a_scale = np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32)
+            quant(np.ascontiguousarray(a2, _F32), g.k, g.block, g.bits, c, a_sum, a_scale)
+            y = np.empty((m, g.n), _F32)
+
+            def chunk(i: int) -> None:
+                t0, t1 = bounds[i]
+                fn(c, a_sum, a_scale, bt, st, zt, g.bits, m, g.n, t0, t1,
+                   np.empty((m, TILE), _F32), np.empty((m, TILE), _F32), y)
+
+            if parts == 1:
+                chunk(0)
+            else:
+                parallel_for(parts, chunk)
+            return y
+
+        return call
+
+    def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+        """(call, variant) for products of m rows."""
+        call = self.numba_product(m)
+        if call is not None:
+            return call, "matmulnbits.int8_numba"
+        return self.numpy_product, f"matmulnbits.{'int8' if self.int8 else 'fp32'}_blas"
+
+
+def _int8_level(info: NodeInfo, bits: int, block: int, static: bool) -> bool:
+    """Whether onnxruntime's CPU kernel quantizes A to int8 for this node (module doc)."""
+    if int(info.attrs.get("accuracy_level", 0) or 0) != 4 or not static:
+        return False
+    if _present(info, 4):  # g_idx
+        return False
+    zp = const_input(info, 3) if _present(info, 3) else None
+    if zp is not None and zp.dtype != _U8:
+        return False
+    return bits != 2 or block in INT8_BLOCKS_2BIT
+
+
+def _present(info: NodeInfo, i: int) -> bool:
+    p = info.input_present
+    return bool(p[i]) if i < len(p) else i < info.n_inputs
+
+
+def _geometry(info: NodeInfo) -> _NBitsGeometry:
+    attrs = info.attrs
+    for name in ("K", "N", "block_size"):
+        if attrs.get(name) is None:
+            raise ValueError(f"{OP}: attribute '{name}' is required")
+    k, n, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
+    bits = int(attrs.get("bits", 4))
+    if bits not in (2, 4, 8):
+        raise ValueError(f"{OP}: bits must be one of [2, 4, 8], got {bits}")
+    if k < 1 or n < 1:
+        raise ValueError(f"{OP}: K and N must be >= 1, got K={k}, N={n}")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"{OP}: block_size must be a power of 2 >= 16, got {block}")
+    if int(attrs.get("weight_prepacked", 0) or 0):
+        raise ValueError(f"{OP}: weight_prepacked={attrs['weight_prepacked']} is a CUDA layout; "
+                         f"only 0 (not prepacked) is supported on the CPU")
+    n_blocks = -(-k // block)
+    return _NBitsGeometry(k, n, bits, block, n_blocks, block * bits // 8)
+
+
+@kernel("MatMulNBits", since=1, domain=MS, factory=True, variant="matmulnbits.fp32_blas")
+def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
+    """Y = A @ dequantize(B).T (+ bias) at onnxruntime's precision for `accuracy_level`.
+
+    Constant weights (the usual case) are prepared once per node (NbitsMatMul); B, scales or
+    zero points fed at run time, and g_idx, are dequantized per run and multiplied in float32.
+    float16/bfloat16 A is computed in float32 and the result rounded once.
+    """
+    g = _geometry(info)
+    const = [const_input(info, i) if _present(info, i) else None for i in range(5)]
+    static = all(const[i] is not None for i in (1, 2, 3) if _present(info, i))
+    b0 = const[1]
+    engine = None
+    if static and not _present(info, 4) and b0 is not None and b0.size:
+        engine = NbitsMatMul(g, b0, const[2], const[3], _int8_level(info, g.bits, g.block,
+                                                                     static))
+
+    def finish(y2: np.ndarray, a: np.ndarray, bias) -> np.ndarray:
+        y = y2.reshape(*a.shape[:-1], g.n)
+        if bias is not None:
+            y += bias.reshape(g.n).astype(_F32, copy=False)
+        return y if a.dtype == _F32 else y.astype(a.dtype)
+
+    def check(a: np.ndarray, bias) -> None:
+        if a.ndim < 1 or a.shape[-1] != g.k:
+            raise ValueError(f"{OP}: A's last dim must be K = {g.k}, got shape {a.shape}")
+        if a.dtype not in _FLOATS:
+            raise TypeError(f"{OP}: A must be float32/float16/bfloat16, got {a.dtype}")
+        if bias is not None and bias.size != g.n:
+            raise ValueError(f"{OP}: bias must have N = {g.n} values, got shape {bias.shape}")
+
+    def run(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points=None, g_idx=None,
+            bias=None) -> np.ndarray:
+        check(a, bias)
+        a2 = a.reshape(-1, g.k).astype(_F32, copy=False)
+        if engine is not None:
+            call, run.variant = engine.product(a2.shape[0])
+            y2 = call(a2)
+        elif b.size == 0:  # an omitted projection: zeros (plus bias)
+            y2 = np.zeros((a2.shape[0], g.n), _F32)
+        else:
+            y2 = a2 @ _nbits_weight(g, b, scales, zero_points, g_idx).T
+        return finish(y2, a, bias)
+
+    def specialize(dtypes, shapes, consts):
+        """The product for one shape of A: its path (numba kernel or BLAS) chosen once."""
+        sa = shapes[0]
+        if engine is None or sa is None or not sa or sa[-1] != g.k or dtypes[0] not in _FLOATS:
+            return None
+        m = math.prod(sa[:-1])
+        if m == 0:
+            return None
+        call, variant = engine.product(m)
+
+        def special(a, b, scales, zero_points=None, g_idx=None, bias=None):
+            check(a, bias)
+            return finish(call(a.reshape(m, g.k).astype(_F32, copy=False)), a, bias)
+
+        special.variant = variant
+        return special
+
+    run.variant = "matmulnbits.fp32_blas"  # until a run chooses (building loads no numba)
+    if engine is not None:
+        run.variant = ("matmulnbits.int8_numba" if engine.fast is not None else
+                       f"matmulnbits.{'int8' if engine.int8 else 'fp32'}_blas")
+    run.specialize = specialize
+    return run
+
+
+def _signature_tiles(dt: np.dtype):
+    from numba import types
+
+    f, i64 = types.float32, types.int64
+
+    def arr(t, nd, ro=True):
+        return types.Array(t, nd, "C", readonly=ro)
+
+    return (arr(f, 4), arr(f, 2), arr(f, 2), arr(types.uint8, 4), arr(f, 3), arr(f, 3), i64,
+            i64, i64, i64, i64, arr(f, 2, False), arr(f, 2, False), arr(f, 2, False))
+
+
+def _signature_quantize(dt: np.dtype):
+    from numba import types
+
+    f, i64 = types.float32, types.int64
+    return (types.Array(f, 2, "C", readonly=True), i64, i64, i64, types.Array(f, 4, "C"),
+            types.Array(f, 2, "C"), types.Array(f, 2, "C"))
+
+
+_numba.register("nbits_tiles", "onnxkiln.providers.cpu._numba_nbits", _signature_tiles,
+                (_F32,))
+_numba.register("nbits_quantize", "onnxkiln.providers.cpu._numba_nbits",
+                _signature_quantize, (_F32,))
