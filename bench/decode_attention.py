@@ -4,15 +4,19 @@
     python bench/decode_attention.py --past 256 1024 --rounds 5
     python bench/decode_attention.py --where torch         # the torch provider on torch's CPU
 
-Each point starts from a past of `--past` positions and times `--steps` single-token steps:
-"bound" through `run_with_device_bindings` (GroupQueryAttention writes the new position into
-the binding and attends over it), "plain" through `run` feeding each step's presents back
-(GroupQueryAttention builds a new present of past + 1 positions), and onnxruntime's plain loop
-on the same graph. One intra-op thread for both runtimes; rounds are interleaved (bound, plain,
-onnxruntime, bound, ...) and the median is reported. The models: a decoder from
-onnxruntime-genai's model builder (bench/genai_models.py: fp32, hidden 256, 2 layers, random
-weights, GroupQueryAttention with rotary inside) when the builder imports, and a single
-GroupQueryAttention node with rotary (8 heads, 2 KV heads, head 64) always.
+Each point starts from a past of `--past` positions and times rounds of `--steps`
+single-token steps, each round continuing where the last stopped (as a decode loop runs:
+plain `run` meets new input shapes every step), or with `--repeat` decoding the same
+positions again from the same past (plain `run` then finds a specialisation built for every
+step: its best case). "bound" runs through `run_with_device_bindings` (GroupQueryAttention
+writes the new position into the binding and attends over it), "plain" through `run`
+feeding each step's presents back (GroupQueryAttention builds a new present of past + 1
+positions), "ort" is onnxruntime's plain loop on the same graph. One intra-op thread for
+both runtimes; rounds are interleaved (bound, plain, ort, bound, ...), medians reported.
+The models: a decoder from onnxruntime-genai's model builder (bench/genai_models.py: fp32,
+hidden 256, 2 layers, random weights, GroupQueryAttention with rotary inside) in the
+growing and the static-cache form, when the builder imports, and a single
+GroupQueryAttention node with rotary (8 heads, 2 KV heads, head 64).
 """
 
 from __future__ import annotations
@@ -88,7 +92,8 @@ def _genai_loops(max_len: int) -> list[Loop]:
 
     if genai_models.available():
         return []
-    folder = genai_models.build("llama", "fp32", hidden=256, layers=2, context=max_len)
+    context = 1 << max(max_len - 1, 1).bit_length()  # a round size: one build serves many runs
+    folder = genai_models.build("llama", "fp32", hidden=256, layers=2, context=context)
     io = genai_models.DecoderIO(folder)
     ids = np.array([[7]], np.int64)
     name = "builder Llama fp32 (hidden 256, 2 layers, GQA 4/2 heads of 64)"
@@ -124,17 +129,24 @@ def _sessions(loop: Loop, where: str):
     return ours, ort.InferenceSession(loop.model, so, providers=["CPUExecutionProvider"])
 
 
-def measure(loop: Loop, past: int, steps: int, rounds: int, where: str) -> dict:
-    """Median ms of `steps` decode steps from a past of `past` positions, three ways."""
+def measure(loop: Loop, past: int, steps: int, rounds: int, where: str,
+            repeat: bool = False) -> dict:
+    """Median ms of `steps` decode steps after a past of `past` positions, three ways.
+
+    Continuing (the default, as a decode loop runs): round r decodes positions
+    past + r * steps + 1 ..., so no step's input shapes were seen before (plain `run` builds
+    a specialisation for each). `repeat`: every round decodes the same positions again
+    from the same past (plain `run` finds its specialisations built: its best case)."""
     ours, theirs = _sessions(loop, where)
     rng = np.random.default_rng(1)
+    span = steps if repeat else steps * (rounds + 1)  # positions the loop decodes
     length = loop.static_len or past  # of the past fed to the first step
     start = {}
     for n in loop.past:
         start[n] = np.zeros(loop.kv_shape(length), np.float32)
         start[n][:, :, :past] = rng.standard_normal(loop.kv_shape(past), np.float32)
     binds = [ours.allocate_device_binding(i, o, ok.DataType.FLOAT,
-                                          loop.kv_shape(loop.static_len or past + steps),
+                                          loop.kv_shape(loop.static_len or past + span),
                                           loop.kv_shape(length))
              for i, o in zip(loop.past, loop.present)]
     for b in binds:
@@ -143,31 +155,38 @@ def measure(loop: Loop, past: int, steps: int, rounds: int, where: str) -> dict:
     present_at = [names.index(o) for o in loop.present]
     sync = getattr(binds[0]._provider, "synchronize", None) or (lambda: None)
 
-    def bound():
-        for b in binds:
-            b.set_logical_shape(loop.kv_shape(length))
-        for t in range(past + 1, past + steps + 1):
+    def first(r):
+        return past + (0 if repeat else r * steps)
+
+    def bound(r):
+        if repeat:
+            for b in binds:
+                b.set_logical_shape(loop.kv_shape(length))
+        for t in range(first(r) + 1, first(r) + steps + 1):
             ours.run_with_device_bindings(loop.feeds(t), binds)
         sync()
 
     def plain(run):
-        def go():
-            kv = dict(start)
-            for t in range(past + 1, past + steps + 1):
+        state = {"kv": dict(start)}
+
+        def go(r):
+            kv = dict(start) if repeat else state["kv"]
+            for t in range(first(r) + 1, first(r) + steps + 1):
                 out = run({**loop.feeds(t), **kv})
                 kv = {n: out[i] for n, i in zip(loop.past, present_at)}
+            state["kv"] = kv
         return go
 
     ways = {"bound": bound, "plain": plain(ours.run),
             "onnxruntime": plain(lambda f: theirs.run(None, f))}
     for fn in ways.values():
-        fn()  # warm: specialisations, the decode memo
+        fn(0)  # warm: the decode memo; specialisations of round 0's shapes
     times: dict[str, list[float]] = {k: [] for k in ways}
-    for _ in range(rounds):
+    for r in range(1, rounds + 1):
         for key, fn in ways.items():
             time.sleep(GAP_S)
             t0 = time.perf_counter()
-            fn()
+            fn(r)
             times[key].append((time.perf_counter() - t0) * 1e3)
     stats = binds[0].write_stats()
     row = {k: statistics.median(v) for k, v in times.items()}
@@ -182,12 +201,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--where", choices=("cpu", "torch", "cuda"), default="cpu")
+    parser.add_argument("--repeat", action="store_true",
+                        help="decode the same positions every round (plain run's best case)")
     args = parser.parse_args()
-    max_len = max(args.past) + args.steps + 1
+    max_len = max(args.past) + args.steps * (1 if args.repeat else args.rounds + 1) + 1
     loops = [*_genai_loops(max_len), _gqa_loop(max_len)]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{args.steps}-step decode loops, provider {args.where}, 1 intra-op thread, median of "
-          f"{args.rounds} interleaved rounds; load average {load:.2f} at start "
+    mode = "the same positions each round" if args.repeat else "continuing positions"
+    print(f"{args.steps}-step decode loops ({mode}), provider {args.where}, 1 intra-op thread, "
+          f"median of {args.rounds} interleaved rounds; load average {load:.2f} at start "
           f"({os.cpu_count()} cores; other processes share them: absolute times are noisy)")
     for loop in loops:
         print(f"\n{loop.name}")
@@ -195,7 +217,7 @@ def main() -> int:
               f"{'ort/bound':>9} {'KV B/step':>9} {'copied B':>8}  memo (primed, rebuilt, "
               "replayed, ineligible)")
         for past in args.past:
-            r = measure(loop, past, args.steps, args.rounds, args.where)
+            r = measure(loop, past, args.steps, args.rounds, args.where, args.repeat)
             print(f"{past:>6} {r['bound']:>9.2f} {r['plain']:>9.2f} {r['onnxruntime']:>8.2f} "
                   f"{r['plain'] / r['bound']:>11.2f} {r['onnxruntime'] / r['bound']:>9.2f} "
                   f"{r['in_place_per_step']:>9.0f} {r['copied']:>8}  {r['memo']}")
