@@ -499,3 +499,22 @@ def test_genai_decoder_32_greedy_tokens_through_bound_runs(where, static, arch):
         assert (stats.copies, stats.in_place_writes) == (0, steps)
         assert stats.in_place_bytes == (len(prompt) + steps - 1) * row
         assert b.logical_shape == (shape if static else (1, io.kv_heads, cap - 1, io.head_size))
+
+
+@pytest.mark.parametrize("name", ["gqa-rotary", "gqa-static", "mha", "ms-attention-static",
+                                  "onnx-attention"])
+def test_decode_verify_agrees_with_in_place_attention_writes(name):
+    """decode.verify=1 replays each memoised step and recomputes it on the ordinary path from
+    the saved bindings: the in-place writes must give the same bits both ways."""
+    case = CASES[name]()
+    s = (ok.InferenceSession.builder().providers(["cpu"]).option("decode.verify", "1")
+         .from_graph(case.model))
+    start = CAP if case.static else 0
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, case.shape(CAP),
+                                       case.shape(start)) for i, o in case.kv]
+    rng = np.random.default_rng(9)
+    p = 0
+    for n in (4, 1, 1, 1, 1):
+        s.run_with_device_bindings(case.step_feeds(rng, p, n), binds)
+        p += n
+    assert s.decode_memo_counts()[2] >= 3  # replayed (and verified) steps
