@@ -62,6 +62,8 @@ def trilu(rng):
     x = normal(rng, (2, 4, 5))
     cases = [Case(f"upper{u}-k{k}", {"x": x, "k": np.array(k, I64)}, {"upper": u})
              for u in (0, 1) for k in (-1, 0, 2)]
+    cases += [Case(f"upper{u}-k{k}-past-the-edge", {"x": x, "k": np.array(k, I64)}, {"upper": u})
+              for u in (0, 1) for k in (-6, 7)]
     return [*cases, Case("int64-default", {"x": rng.integers(-9, 9, (5, 3)).astype(I64)})]
 
 
@@ -69,7 +71,12 @@ def trilu(rng):
 def range_(rng):
     return [Case("int32", {"s": scalar(3, I32), "l": scalar(-8, I32), "d": scalar(-2, I32)}),
             Case("float-no-delta", {"s": scalar(0.5, F32), "l": scalar(4.2, F32)}),
-            Case("int64", {"s": scalar(0, I64), "l": scalar(10, I64), "d": scalar(3, I64)})]
+            Case("int64", {"s": scalar(0, I64), "l": scalar(10, I64), "d": scalar(3, I64)}),
+            Case("float-100-steps", {"s": scalar(0.1, F32), "l": scalar(10.0, F32),
+                                     "d": scalar(0.1, F32)}),  # start + i * delta, not a sum
+            Case("int16-down", {"s": scalar(5, np.int16), "l": scalar(-5, np.int16),
+                                "d": scalar(-3, np.int16)}),
+            Case("empty", {"s": scalar(5, I32), "l": scalar(1, I32), "d": scalar(2, I32)})]
 
 
 @spec("TransposeMatMul")
@@ -212,6 +219,15 @@ def grid_sample(rng):
                 "x": normal(rng, (1, 2, 4, 5)),
                 "g": rng.uniform(-1.2, 1.2, (1, 3, 4, 2)).astype(F32)},
                 {"mode": mode, "padding_mode": pm, "align_corners": ac}, rtol=1e-4, atol=1e-5))
+    # nearest on half-pixel points (rounded half to even) and far outside the image
+    half = np.array([[[[-0.75, -0.75], [-0.25, -0.25], [0.25, 0.25], [0.75, 0.75]]]], F32)
+    x = normal(rng, (1, 1, 4, 4))
+    cases += [Case(f"nearest-half-pixels-{pm}", {"x": x, "g": half},
+                   {"mode": "nearest", "padding_mode": pm}) for pm in ("zeros", "border")]
+    far = rng.uniform(-3, 3, (1, 5, 5, 2)).astype(F32)
+    cases += [Case(f"{mode}-reflection-far-ac{ac}", {"x": x, "g": far},
+                   {"mode": mode, "padding_mode": "reflection", "align_corners": ac},
+                   rtol=1e-4, atol=1e-5) for mode in ("bilinear", "bicubic") for ac in (0, 1)]
     return cases
 
 
@@ -296,7 +312,10 @@ def murmur_hash3(rng):
             Case("string-positive0", {"x": np.array(["", "a", "héllo", "abcd"], object)},
                  {"positive": 0, "seed": 42}),
             Case("int64-seed", {"x": rng.integers(-(2**62), 2**62, 6).astype(I64)},
-                 {"seed": 2**32 - 1})]
+                 {"seed": 2**32 - 1}),
+            Case("uint64", {"x": np.array([0, 1, 2**63, 2**64 - 1], np.uint64)}),
+            Case("float-zeros", {"x": np.array([0.0, -0.0, 1.5, np.inf], F32)}, {"positive": 0}),
+            Case("double", {"x": np.array([0.0, -0.0, 1.5, np.nan])}, {"seed": 7})]
 
 
 @spec("CropAndResize")
@@ -349,4 +368,8 @@ def tokenizer(rng):
     return [Case("separators", {"t": text}, {**base, "separators": [" ", ",", ";"]}),
             Case("marks-mincharnum2", {"t": text[0]},
                  {**base, "mark": 1, "mincharnum": 2, "separators": [" "]}),
-            Case("tokenexp", {"t": text}, {**base, "tokenexp": "[a-z]+"})]
+            Case("tokenexp", {"t": text}, {**base, "tokenexp": "[a-z]+"}),
+            Case("empty-separator-marks", {"t": text[1]},
+                 {**base, "mark": 1, "separators": [""]}),
+            Case("tokenexp-word-mincharnum3", {"t": text},
+                 {**base, "tokenexp": "\\w+", "mincharnum": 3})]
