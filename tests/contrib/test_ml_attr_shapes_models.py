@@ -106,6 +106,13 @@ def _svm():
     cases.append(MlCase("svc-3-prob", "SVMClassifier", {"x": X},
                         {**a, "classlabels_ints": [1, 2, 3], "prob_a": [-1.0, -2.0, -0.5],
                          "prob_b": [0.1, 0.0, -0.1]}, _clf_outputs([0]), rtol=1e-4, atol=1e-5))
+    for pt in ("LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"):
+        cases += [MlCase(f"svc-3-no-prob-{pt}", "SVMClassifier", {"x": X},
+                         {**a, "classlabels_ints": [1, 2, 3], "post_transform": pt},
+                         _clf_outputs([0]), rtol=1e-4, atol=1e-5),
+                  MlCase(f"svc-binary-{pt}", "SVMClassifier", {"x": X},
+                         {**_svm_attrs("RBF", 2, [1, 2]), "classlabels_ints": [0, 1],
+                          "post_transform": pt}, _clf_outputs([0]), rtol=1e-4, atol=1e-5)]
     cases.append(MlCase("svc-linear-no-support-vectors", "SVMClassifier", {"x": X},
                         {"kernel_type": "LINEAR", "coefficients": RNG.standard_normal(9).tolist(),
                          "rho": [0.1, 0.2, 0.3], "classlabels_ints": [0, 1, 2]},
