@@ -51,7 +51,7 @@ def measure(cfg: zoo.GptConfig, pasts: list[int], tokens: int, device: str) -> l
         f"past_{kv}_{i}", f"present_{kv}_{i}", ok.DataType.FLOAT,
         (1, heads, capacity, dim), (1, heads, 0, dim))
         for i in range(cfg.layers) for kv in ("key", "value")]
-    provider = session._device_provider
+    provider = binds[0]._provider  # the device the bindings live on
     eager = _TorchGpt(model, cfg, device) if device.startswith("cuda") else None
     rows = []
     ids = np.array([[17]], np.int64)
