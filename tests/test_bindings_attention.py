@@ -518,3 +518,46 @@ def test_decode_verify_agrees_with_in_place_attention_writes(name):
         s.run_with_device_bindings(case.step_feeds(rng, p, n), binds)
         p += n
     assert s.decode_memo_counts()[2] >= 3  # replayed (and verified) steps
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_gqa_cache_bound_equals_plain(bits):
+    """An int8 / packed-int4 KV cache (k_quant_type PER_TENSOR): the encoded new rows go
+    into the bound buffer in place; outputs and cache bytes equal the plain run's."""
+    code = np.int8 if bits == 8 else np.uint8
+    width = H if bits == 8 else H // 2
+    ins = [tensor_info("q", F32, [B, "s", N * H]), tensor_info("k", F32, [B, "s", NK * H]),
+           tensor_info("v", F32, [B, "s", NK * H]),
+           tensor_info("past_key", code, [B, NK, "p", width]),
+           tensor_info("past_value", code, [B, NK, "p", width]),
+           tensor_info("seqlens_k", np.int32, [B]), tensor_info("total", np.int32, [])]
+    names = ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total", "", "", "", "", "",
+             "k_scale", "v_scale"]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=N, kv_num_heads=NK,
+                            k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR",
+                            kv_cache_bit_width=bits)
+    outs = [tensor_info("out", F32, [B, "s", N * H]),
+            tensor_info("present_key", code, [B, NK, "t", width]),
+            tensor_info("present_value", code, [B, NK, "t", width])]
+    scales = {"k_scale": np.array([0.05], F32), "v_scale": np.array([0.04], F32)}
+    model = make_model([node], ins, outs, scales, extra_opsets=MS)
+    s = _session(model, "cpu")
+    kinds = ok.DataType.INT8 if bits == 8 else ok.DataType.UINT8
+    kv = (("past_key", "present_key"), ("past_value", "present_value"))
+    binds = [s.allocate_device_binding(i, o, kinds, (B, NK, CAP, width), (B, NK, 0, width))
+             for i, o in kv]
+    past = {i: np.zeros((B, NK, 0, width), code) for i, _ in kv}
+    rng = np.random.default_rng(10)
+    p = 0
+    for n in (3, 1, 1):
+        feeds = _gqa_feeds()(rng, p, n)
+        plain = s.run({**feeds, **past})
+        got = s.run_with_device_bindings(feeds, binds)
+        np.testing.assert_array_equal(got[0], plain[0])
+        for b, want in zip(binds, plain[1:]):
+            np.testing.assert_array_equal(b.read(), want)
+            assert b.write_stats().copied_bytes == 0
+        past = {"past_key": plain[1], "past_value": plain[2]}
+        p += n
+    assert binds[0].write_stats().in_place_bytes == 5 * B * NK * width
