@@ -143,7 +143,9 @@ class DeviceIoBinding:
         return TransferStats(self._h2d, self._d2h, self._writes, self._reads)
 
     def write_stats(self) -> WriteStats:
-        """Device-side writes into the buffer by runs so far (in place vs copied back)."""
+        """Device-side writes into the buffer by runs so far (in place vs copied back).
+        A captured replay counts only kernels that run in Python (CPU replays, seams): not
+        what a CUDA graph replays, nor the replay's own stores of bound outputs."""
         return WriteStats(self._kernel_bytes, self._kernel_writes, self._copy_bytes,
                           self._copies)
 
