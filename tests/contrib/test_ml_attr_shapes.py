@@ -163,11 +163,57 @@ def _maps():
     ]
 
 
+def _more_types():
+    """Other input types and explicit defaults the converters write."""
+    x = RNG.standard_normal((3, 4)).astype(F32)
+    i32, i64 = np.array([[1, -2, 3]], np.int32), np.array([1, 2, 9], I64)
+    strs = np.array(["a", "q"], object)
+    return [
+        MlCase("normalizer-int32-max", "Normalizer", {"x": i32}, {"norm": "MAX"}),
+        MlCase("normalizer-double", "Normalizer", {"x": x.astype(np.float64)}, {"norm": "L2"}),
+        MlCase("scaler-int32", "Scaler", {"x": i32}, {"offset": [1.0], "scale": [2.0]}),
+        MlCase("label-encoder-4-default-int64", "LabelEncoder", {"x": i64},
+               {"keys_int64s": [1, 2], "values_int64s": [10, 20], "default_int64": -5},
+               ml_opset=4),
+        MlCase("label-encoder-float-to-string", "LabelEncoder",
+               {"x": np.array([1.5, 2.0], F32)},
+               {"keys_floats": [1.5], "values_strings": ["a"], "default_string": "zz"},
+               ml_opset=2),
+        MlCase("label-encoder-4-string-default-tensor", "LabelEncoder", {"x": strs},
+               {"keys_strings": ["a"], "values_strings": ["A"],
+                "default_tensor": _tensor([b"D"], STRING)}, ml_opset=4),
+        MlCase("label-encoder-4-double-keys", "LabelEncoder",
+               {"x": np.array([1.5, 2.5], np.float64)},
+               {"keys_tensor": _tensor([1.5], TensorProto.DOUBLE),
+                "values_tensor": _tensor([7], INT64)}, ml_opset=4),
+        MlCase("category-mapper-explicit-default-string", "CategoryMapper",
+               {"x": np.array([1, 5], I64)},
+               {"cats_strings": ["a", "b"], "cats_int64s": [1, 2], "default_string": "none"}),
+        MlCase("category-mapper-explicit-default-int", "CategoryMapper", {"x": strs},
+               {"cats_strings": ["a", "b"], "cats_int64s": [1, 2], "default_int64": 99}),
+        MlCase("array-feature-extractor-rank3", "ArrayFeatureExtractor",
+               {"x": np.arange(24, dtype=F32).reshape(2, 3, 4), "i": np.array([3, 0], I64)}, {}),
+        MlCase("array-feature-extractor-int64", "ArrayFeatureExtractor",
+               {"x": np.arange(6, dtype=I64).reshape(2, 3), "i": np.array([2], I64)}, {}),
+        MlCase("one-hot-rank3-strings-zeros0", "OneHotEncoder",
+               {"x": np.array([[["a", "b"]]], object)}, {"cats_strings": ["b", "a"], "zeros": 0}),
+        MlCase("feature-vectorizer-three-inputs", "FeatureVectorizer",
+               {"a": x[:, :1].copy(), "b": x[:, 1:3].copy(), "c": x},
+               {"inputdimensions": [1, 2, 4]}),
+        MlCase("feature-vectorizer-int64-pad", "FeatureVectorizer",
+               {"a": np.array([[1, 2]], I64)}, {"inputdimensions": [3]}),
+        MlCase("imputer-int64-per-feature", "Imputer", {"x": np.array([[1, -1, 3]], I64)},
+               {"imputed_value_int64s": [7, 8, 9], "replaced_value_int64": -1}),
+        MlCase("zipmap-1d", "ZipMap", {"x": np.array([0.2, 0.8], F32)},
+               {"classlabels_int64s": [0, 7]}),
+    ]
+
+
 def _tensor(values, elem):
     return helper.make_tensor("t", elem, [len(values)], values)
 
 
-CASES = [*_preprocessing(), *_encoders(), *_empty_lists_and_zipmap(), *_maps()]
+CASES = [*_preprocessing(), *_encoders(), *_empty_lists_and_zipmap(), *_maps(), *_more_types()]
 
 
 @pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
