@@ -275,12 +275,21 @@ class NbitsMatMul:
 
         return call
 
-    def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
-        """(call, variant) for products of m rows."""
+    def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str, str | None]:
+        """(call, variant, why not the numba kernel or None) for products of m rows."""
         call = self.numba_product(m)
         if call is not None:
-            return call, "matmulnbits.int8_numba"
-        return self.numpy_product, f"matmulnbits.{'int8' if self.int8 else 'fp32'}_blas"
+            return call, "matmulnbits.int8_numba", None
+        variant = f"matmulnbits.{'int8' if self.int8 else 'fp32'}_blas"
+        if not self.int8:
+            return self.numpy_product, variant, None
+        if m > NUMBA_ROWS_MAX:
+            why = f"{m} rows > {NUMBA_ROWS_MAX}: one GEMM on the dequantized weights"
+        elif self.fast is None:
+            why = _numba.disabled_reason()
+        else:
+            why = self.fast.reason or (self.quant.reason if self.quant else None)
+        return self.numpy_product, variant, why
 
 
 def _int8_level(info: NodeInfo, bits: int, block: int, static: bool) -> bool:
@@ -356,7 +365,7 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         check(a, bias)
         a2 = a.reshape(-1, g.k).astype(_F32, copy=False)
         if engine is not None:
-            call, run.variant = engine.product(a2.shape[0])
+            call, run.variant, run.variant_reason = engine.product(a2.shape[0])
             y2 = call(a2)
         elif b.size == 0:  # an omitted projection: zeros (plus bias)
             y2 = np.zeros((a2.shape[0], g.n), _F32)
@@ -372,16 +381,17 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         m = math.prod(sa[:-1])
         if m == 0:
             return None
-        call, variant = engine.product(m)
+        call, variant, why = engine.product(m)
 
         def special(a, b, scales, zero_points=None, g_idx=None, bias=None):
             check(a, bias)
             return finish(call(a.reshape(m, g.k).astype(_F32, copy=False)), a, bias)
 
-        special.variant = variant
+        special.variant, special.variant_reason = variant, why
         return special
 
     run.variant = "matmulnbits.fp32_blas"  # until a run chooses (building loads no numba)
+    run.variant_reason = None
     if engine is not None:
         run.variant = ("matmulnbits.int8_numba" if engine.fast is not None else
                        f"matmulnbits.{'int8' if engine.int8 else 'fp32'}_blas")
