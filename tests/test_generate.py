@@ -330,3 +330,15 @@ def test_capture_declined_falls_back_to_the_bound_step(zoo_folder):
     result = generate(strict, [5, 6, 7], max_new_tokens=6, eos_token_id=None, path="captured")
     assert result.path == "bound" and "not capturable" in result.fallbacks[0]
     assert result.tokens[0] == _ref(zoo_folder, [5, 6, 7], 6)
+
+
+def test_the_docs_page_example_runs():
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "generate.md"
+    code = re.search(r"```python\n(.*?)```", page.read_text(), re.DOTALL).group(1)
+    scope: dict = {}
+    exec(compile(code, "generate.md", "exec"), scope)
+    assert scope["result"].path == "bound" and scope["result"].counters["memo_replayed"] >= 5
+    assert [len(t) for t in scope["sampled"].tokens] == [8, 8]
