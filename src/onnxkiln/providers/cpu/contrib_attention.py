@@ -50,19 +50,32 @@ def softmax_(s: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
 
     A row that is entirely -inf becomes zeros instead of NaN.
     """
-    m = np.max(s, axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True)
     if sink is not None:
         m = np.maximum(m, sink)
-    np.copyto(m, 0, where=np.isneginf(m))
+    # an all -inf row: shift by the lowest finite value instead (its exponentials are all 0);
+    # every other row keeps its max, so one ufunc does what isneginf + copyto did
+    np.maximum(m, _lowest(m.dtype), out=m)
     s -= m
     np.exp(s, out=s)
-    total = np.sum(s, axis=-1, keepdims=True)
+    total = s.sum(axis=-1, keepdims=True)
     if sink is not None:
         total += np.exp(sink - m)
-    np.copyto(total, 1, where=total == 0)
+    # the max (or the sink) contributes exp(0) = 1, so a total below 1 is an all-masked 0
+    np.maximum(total, 1, out=total)
     np.reciprocal(total, out=total)
     s *= total
     return s
+
+
+_LOWEST_OF: dict[np.dtype, np.generic] = {}
+
+
+def _lowest(dt: np.dtype) -> np.generic:
+    low = _LOWEST_OF.get(dt)
+    if low is None:
+        low = _LOWEST_OF[dt] = dt.type(np.finfo(dt).min)
+    return low
 
 
 def sdpa(

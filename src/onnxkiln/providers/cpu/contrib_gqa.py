@@ -420,18 +420,20 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
         kk = codec_k.decode(kcat, ks, cdt)
         vv = codec_v.decode(vcat, vs, cdt)
         tk = kk.shape[2]
-        # allowed[b, s, i]: query row s of entry b may read cached key i
-        allowed = valid[:, None, :]
-        last = np.minimum(pos, t_b[:, None] - 1)
-        if causal:  # padding rows (past T) attend like the last valid row, as in onnxruntime
-            allowed = allowed & (key_pos[:, None, :] <= last[:, :, None])
-            if window > 0:
-                allowed &= key_pos[:, None, :] > last[:, :, None] - window
-        allowed = allowed[:, None]  # (B, 1, S or 1, T)
-        if _block is not None:  # per-head block-sparse layouts: (B, N, S, T)
-            allowed = allowed & _block(last, key_pos)
         add = None
-        if not allowed.all():
+        if s == 1 and not sliding and window <= 0 and _block is None and (t_b == tk).all():
+            allowed = None  # a decode step over full rows reads every cached key: no mask
+        else:  # allowed[b, s, i]: query row s of entry b may read cached key i
+            allowed = valid[:, None, :]
+            last = np.minimum(pos, t_b[:, None] - 1)
+            if causal:  # padding rows (past T) attend like the last valid row, as onnxruntime
+                allowed = allowed & (key_pos[:, None, :] <= last[:, :, None])
+                if window > 0:
+                    allowed &= key_pos[:, None, :] > last[:, :, None] - window
+            allowed = allowed[:, None]  # (B, 1, S or 1, T)
+            if _block is not None:  # per-head block-sparse layouts: (B, N, S, T)
+                allowed = allowed & _block(last, key_pos)
+        if allowed is not None and not allowed.all():
             add = np.where(allowed, cdt.type(0), cdt.type(-np.inf))
             if add.shape[2] == 1 and s > 1:
                 add = np.broadcast_to(add, (b, add.shape[1], s, tk))
