@@ -37,6 +37,14 @@ def attention(rng):
             names.pop()
         cases.append(Case(name, feeds, {"num_heads": heads, **attrs}, consts, names,
                           rtol=2e-5, atol=2e-5))
+    consts = {"w": normal(rng, (d, 3 * d), F16, 0.3), "bias": normal(rng, (3 * d,), F16)}
+    cases.append(Case("float16", {"x": normal(rng, (b, s, d), F16)}, {"num_heads": heads},
+                      consts, ["x", "w", "bias"], rtol=4e-3, atol=4e-3))
+    consts = {"w": normal(rng, (d, 3 * d), F32, 0.3), "bias": normal(rng, (3 * d,))}
+    for name, mask in (("mask-3d", rng.integers(0, 2, (b, s, s)).astype(I32)),
+                       ("mask-end-and-start", np.array([4, 3, 0, 1], I32))):
+        cases.append(Case(name, {"x": normal(rng, (b, s, d)), "m": mask}, {"num_heads": heads},
+                          consts, ["x", "w", "bias", "m"], rtol=2e-5, atol=2e-5))
     past = normal(rng, (2, b, heads, 3, d // heads))
     cases.append(Case("decode-past-unidirectional", {"x": normal(rng, (b, 1, d)), "past": past},
                       {"num_heads": heads, "unidirectional": 1},
@@ -64,6 +72,14 @@ def multi_head_attention(rng):
         "pk": normal(rng, (b, n, 4, h)), "pv": normal(rng, (b, n, 4, h))},
         {"num_heads": n, "unidirectional": 1, "scale": 0.5},
         names=["q", "k", "v", "", "", "", "pk", "pv"], n_out=3, rtol=2e-5, atol=2e-5))
+    q, k, v = (normal(rng, (b, t, n * h)) for t in (s, kv, kv))
+    for name, mask in (("padding-lengths", np.array([5, 2], I32)),
+                       ("padding-3d", rng.integers(0, 2, (b, s, kv)).astype(I32))):
+        cases.append(Case(name, {"q": q, "k": k, "v": v, "m": mask}, {"num_heads": n},
+                          names=["q", "k", "v", "", "m"], rtol=2e-5, atol=2e-5))
+    cases.append(Case("bnsh-key-value", {"q": q, "k": normal(rng, (b, n, kv, h)),
+                                         "v": normal(rng, (b, n, kv, h))}, {"num_heads": n},
+                      rtol=2e-5, atol=2e-5))
     cases.append(Case("attention-bias", {"q": normal(rng, (b, s, n * h)),
                                          "k": normal(rng, (b, kv, n * h)),
                                          "v": normal(rng, (b, kv, n * h)),
@@ -106,6 +122,8 @@ def group_query_attention(rng):
             ("chunk-rotary", (3, 5, [7], 8), {"do_rotary": 1, "rotary_interleaved": 1}),
             ("prompt-smooth", (3, 0, [2, 2], 3), {"smooth_softmax": 1, "scale": 0.3}),
             ("decode-static-buffer-packed", (1, 8, [5, 2], 6), {"packed": True}),
+            ("prompt-softcap-window1", (3, 0, [2, 2], 3),
+             {"softcap": 2.0, "local_window_size": 1}),
         ):
             feeds, names = _gqa(rng, dt, 4, 2, 16, s, past, seqlens, total,
                                 rotary="do_rotary" in attrs, packed=attrs.pop("packed", False))

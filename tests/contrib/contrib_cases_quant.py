@@ -44,6 +44,11 @@ def quantize_linear(rng):
                       {"s": np.array([0.5, 0.25, 2], F32), "z": np.array([-128, 0, 127], I8)}))
     cases.append(Case("float16-no-zp", {"x": normal(rng, (5,), F16, 90)},
                       consts={"s": scalar(0.5, F16)}))
+    cases.append(Case("float16-infinities", {"x": np.array([np.inf, -np.inf, 65504, -65504,
+                                                               0.5, 1.5], F16)},
+                      consts={"s": scalar(1.0, F16), "z": scalar(0, I8)}))
+    cases.append(Case("nan", {"x": np.array([np.nan, 1.0], F32)},
+                      consts={"s": scalar(1.0, F32), "z": scalar(3, U8)}))
     # onnxruntime returns no int4 arrays: compared after a Cast to 8 bits
     cases += [Case(f"{np.dtype(dt).name}-zp{zp}", {"x": _ties(0.5, 8, 40)},
                    consts={"s": scalar(0.5, F32), "z": scalar(zp, dt)}, widen=True)
@@ -87,6 +92,10 @@ def dynamic_quantize_matmul(rng):
                       "bias": normal(rng, (5,))}
             cases.append(Case(f"{np.dtype(bdt).name}-{i}", {"a": a}, consts=consts,
                               names=["a", "B", "bs", "bz", "bias"], rtol=1e-5, atol=1e-4))
+    for name, a in (("a-zeros", np.zeros((2, 8), F32)), ("a-constant", np.full((2, 8), 3.0, F32))):
+        cases.append(Case(name, {"a": a}, consts={"B": qvalues(rng, (8, 3), U8),
+                                                  "bs": scalar(0.1, F32), "bz": scalar(128, U8)},
+                          names=["a", "B", "bs", "bz"], rtol=1e-5, atol=1e-4))
     return cases
 
 
