@@ -72,6 +72,10 @@ class DeviceGraphs:
         self.segmentation: list[CaptureDecline] = []
         self._word: Any = None
         self._retired_by = ""  # why the last graph went, when a release retired it
+        # the growth probe and audit of earlier captures, by plan structure and binding
+        # layout: a new binding set for the same plan (the next generate call) reuses them
+        self._audits: dict[tuple, tuple[dict[int, int], capture.Audit]] = {}
+        self._node_list: list[ir.Node] | None = None
 
     # capture ------------------------------------------------------------------------
     def capture(self, values: list[Any], bindings: Sequence[DeviceIoBinding],
@@ -87,12 +91,20 @@ class DeviceGraphs:
         for i, s in enumerate(plan.input_slots):  # plain inputs are frozen: keep our copy
             if s in frozen and values[i] is not None:
                 values[i] = copy_value(values[i])
-        growing, grown = self._probe(values, plan, bindings, slot_of)
-        facts = capture.AuditInputs(
-            frozen, grown,
-            ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
-                      in growing), ctx.device_provider, ctx.fallback_reasons, frozenset(bound))
-        audit = capture.audit(plan, ctx.graph, facts)
+        key = _audit_key(plan, bindings, slot_of, values)
+        found = self._audits.get(key)
+        if found is None:
+            growing, grown = self._probe(values, plan, bindings, slot_of)
+            facts = capture.AuditInputs(
+                frozen, grown,
+                ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
+                          in growing), ctx.device_provider, ctx.fallback_reasons,
+                frozenset(bound))
+            found = growing, capture.audit(plan, ctx.graph, facts)
+            if len(self._audits) >= _AUDITS_KEPT:
+                self._audits.pop(next(iter(self._audits)))
+            self._audits[key] = found
+        growing, audit = found
         refused = self._refusal(audit)
         if refused is not None:
             return refused
@@ -167,7 +179,7 @@ class DeviceGraphs:
         word = self._violation_word()
         inp = replay.PartsInput(plan, audit, recorded, baked, stable,
                                 _changing_conditions(plan, self._ctx.graph, audit, baked),
-                                lambda st: _safe_kernel(st, self._ctx.graph, word),
+                                lambda st: _safe_kernel(st, self._nodes(), word),
                                 self._recorder_for())
         parts = replay.build_parts(inp)
         host = replay.HostReplay(parts, plan) if inp.record is None else None
@@ -181,6 +193,12 @@ class DeviceGraphs:
             len(plan.slot_names), in_place,
             {n: recorded[s] for n, s in slot_of.items() if s in frozen_slots and s in recorded},
             host=host)
+
+    def _nodes(self) -> list[ir.Node]:
+        """The graph's nodes by id (graph.node(i) walks onnx_ir's linked list each time)."""
+        if self._node_list is None:
+            self._node_list = list(self._ctx.graph)
+        return self._node_list
 
     def _violation_word(self) -> Any:
         if self._word is None:
@@ -276,6 +294,27 @@ class DeviceGraphs:
 
 
 _LIVE = object()  # marks an output slot whose value comes from the replay
+_AUDITS_KEPT = 8
+
+
+def _audit_key(plan: Plan, bindings: Sequence[DeviceIoBinding], slot_of: dict[str, int],
+               values: Sequence[Any]) -> tuple:
+    """What the probe and the audit of a capture depend on: the plan's structure (not its
+    kernel objects, which close over the bindings), which slots are bound and how (dims
+    below capacity, the lengths that may grow, abstracted) and the frozen inputs' shapes.
+    Reusing a result across lengths stays correct: a binding wrongly taken as growing
+    runs its nodes eagerly, one wrongly taken as fixed retires the graph when it moves."""
+    steps = tuple((st.op_type, st.domain, st.inputs, st.outputs,
+                   getattr(st.kernel, "variant", None)) for st in plan.steps)
+    layout = tuple((slot_of.get(b.input_name) if b.input_name else None, b.output_name,
+                    b.dtype, b.physical_shape,
+                    tuple(n if n == p else None for n, p in zip(b.logical_shape,
+                                                                b.physical_shape)))
+                   for b in bindings)
+    bound = {slot_of[b.input_name] for b in bindings if b.input_name}
+    frozen = tuple((s, tuple(getattr(v, "shape", ())), getattr(v, "dtype", type(v)))
+                   for s, v in zip(plan.input_slots, values) if s not in bound)
+    return steps, layout, frozen
 
 
 def _stores(names: Sequence[str], bindings: Sequence[DeviceIoBinding],
@@ -374,10 +413,10 @@ def _changing_conditions(plan: Plan, graph: ir.Graph, audit: capture.Audit,
             and st.inputs and st.inputs[0] is not None and st.inputs[0] not in baked}
 
 
-def _safe_kernel(step: Step, graph: ir.Graph, word: Any) -> Any:
+def _safe_kernel(step: Step, nodes: Sequence[ir.Node], word: Any) -> Any:
     attrs = {}
     if step.node_id >= 0:
-        attrs = {k: a.value for k, a in graph.node(step.node_id).attributes.items()}
+        attrs = {k: a.value for k, a in nodes[step.node_id].attributes.items()}
     safe = capture_safe_kernel(step, attrs, word)
     return step.kernel if safe is None else safe
 

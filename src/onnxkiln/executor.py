@@ -73,6 +73,24 @@ class Guard:
     shapes: tuple[tuple[int, tuple[int, ...]], ...]
 
 
+_CODE: dict[str, Any] = {}
+_CODE_KEPT = 256
+
+
+def _compiled(source: str, filename: str) -> Any:
+    """The code object of generated `source`, compiled once per source text: plans of one
+    structure (the binding plans of each new binding set, the replay of each capture of a
+    plan) differ only in the kernels and constants their namespace binds. A hit carries the
+    filename of the plan that compiled it first: the caller adopts it, so the lines of a
+    kernel error still map to its steps (the same source has the same lines)."""
+    code = _CODE.get(source)
+    if code is None:
+        if len(_CODE) >= _CODE_KEPT:
+            _CODE.pop(next(iter(_CODE)))
+        code = _CODE[source] = compile(source, filename, "exec")
+    return code
+
+
 class CompiledPlan:
     """A plan turned into two generated Python functions over the same steps.
 
@@ -111,7 +129,9 @@ class CompiledPlan:
         for s, value in plan.constants.items():
             namespace[f"c{s}"] = value
         run_source, hooked_source = source.split("def run_hooked(", 1)
-        exec(compile(run_source, self.filename, "exec"), namespace)
+        code = _compiled(run_source, self.filename)
+        self.filename = code.co_filename  # a plan of this structure compiled it first
+        exec(code, namespace)
         self._namespace = namespace
         self._hooked_source = "def run_hooked(" + hooked_source
         self._hooked_line0 = run_source.count("\n")
@@ -135,7 +155,10 @@ class CompiledPlan:
         fn = self._hooked_fn
         if fn is None:
             padded = "\n" * self._hooked_line0 + self._hooked_source  # keep line numbers
-            exec(compile(padded, self.filename, "exec"), self._namespace)
+            code = _compiled(padded, self.filename)
+            if code.co_filename != self.filename:  # first compiled for another structure
+                code = compile(padded, self.filename, "exec")
+            exec(code, self._namespace)
             fn = self._hooked_fn = self._namespace["run_hooked"]
         return fn(inputs, hooks)
 

@@ -35,7 +35,7 @@ from onnxkiln.plan import Plan, Step, lifetimes
 from onnxkiln.providers.base import KernelSpec
 from onnxkiln.trace import TraceContext
 
-__all__ = ["HostReplay", "Part", "Recorder", "build_parts", "run_parts"]
+__all__ = ["HostReplay", "LazyPlan", "Part", "Recorder", "build_parts", "run_parts"]
 
 
 class Recorder:
@@ -123,6 +123,40 @@ def _traced(part: Part, run: Callable[[Sequence[Any]], list[Any]], args: list[An
         return run(args)
 
 
+class LazyPlan:
+    """A sub-plan of `steps` built and compiled on its first run. A host capture replays all
+    its parts as one fused function (HostReplay, which reads only `steps` and `constants`),
+    so a part's own plan is needed only to trace a replay or to finish a retired step: most
+    captures never build it."""
+
+    __slots__ = ("_compiled", "_of", "constants", "entry", "exit", "steps")
+
+    def __init__(self, of: Plan, steps: list[Step], entry: list[int], exit_: list[int],
+                 constants: dict[int, Any]) -> None:
+        self._of, self.steps, self.entry, self.exit = of, steps, entry, exit_
+        self.constants = constants
+        self._compiled: CompiledPlan | None = None
+
+    @property
+    def plan(self) -> Plan:
+        return self.compiled().plan
+
+    def compiled(self) -> CompiledPlan:
+        if self._compiled is None:
+            plan = _sub_plan(self._of, self.steps, self.entry, self.exit, self.constants)
+            self._compiled = CompiledPlan(plan, inplace=False)
+        return self._compiled
+
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
+        return self.compiled()(args)
+
+    def hooked(self, args: Sequence[Any], hooks: Any) -> list[Any]:
+        return self.compiled().hooked(args, hooks)
+
+    def tracer(self, trace: TraceContext) -> Any:
+        return self.compiled().tracer(trace)
+
+
 class _Retire(SessionError):
     """A fused host replay met a segment input of another shape than at capture."""
 
@@ -144,18 +178,18 @@ class HostReplay:
         produced: set[int] = set()
         entry: list[int] = []
         for part in parts:
-            compiled = part.run  # a CompiledPlan on the host
-            consts.update(compiled.plan.constants)
+            lazy = part.run  # a LazyPlan on the host: its steps, not its code
+            consts.update(lazy.constants)
             for s in part.entry:
                 if s not in produced and s not in entry:
                     entry.append(s)
             if part.captured:
                 steps += [_check(part.entry[pos], _shape_check(shape), "segment input")
                           for pos, shape in part.guards]
-            steps += compiled.plan.steps
+            steps += lazy.steps
             steps += [_check(slot, _branch_check(taken, self._flipped), "If branch")
                       for slot, taken in part.branches]
-            produced.update(s for st in compiled.plan.steps for s in st.outputs if s is not None)
+            produced.update(s for st in lazy.steps for s in st.outputs if s is not None)
         exits = [s for s in dict.fromkeys(plan.output_slots) if s in produced]
         self.entry = entry
         self.exit = exits
@@ -244,7 +278,7 @@ def build_parts(inp: PartsInput) -> list[Part]:
         exit_ = [s for st in steps for s in st.outputs
                  if s is not None and s in later and s not in inp.baked]
         consts = {s: inp.baked[s] for st in steps for s in st.inputs if s in inp.baked}
-        eager = CompiledPlan(_sub_plan(plan, steps, entry, exit_, consts), inplace=False)
+        eager = LazyPlan(plan, steps, entry, exit_, consts)
         part = Part(captured, idx, entry, exit_, eager)
         if captured:
             _make_captured(part, inp, steps, consts, from_segment)
@@ -269,13 +303,11 @@ def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[
     safe = [dataclasses.replace(st, kernel=inp.kernel_for(st)) for st in steps]
     if inp.record is None:
         safe = _preallocated(safe, inp.values, consts, part.entry)
-        part.run = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
-                                inplace=False)
+        part.run = LazyPlan(plan, safe, part.entry, part.exit, consts)
         return
     if all(st.op_type == "MemcpyFromHost" for st in steps):
         return  # only uploads of bound inputs (the tensors themselves): nothing to record
-    compiled = CompiledPlan(_sub_plan(plan, safe, part.entry, part.exit, consts),
-                            inplace=False)
+    compiled = LazyPlan(plan, safe, part.entry, part.exit, consts).compiled()
     args = [from_segment.get(s, inp.values[s]) for s in part.entry]
     part.run = inp.record(compiled, args, [s in stable for s in part.entry], part)
 
