@@ -65,7 +65,15 @@ def qlinear_sigmoid(rng):
 
 @spec("QLinearLeakyRelu")
 def qlinear_leaky_relu(rng):
-    return _unary(rng, {"alpha": 0.13}) + _unary(rng, {"alpha": 1.7}, scales=(0.05, 0.03))
+    ties = []  # x_scale / y_scale = 0.5 and alpha 0.5: half steps, odd zero points
+    for dt in QTYPES:
+        for yz in zero_points(dt):
+            consts = {"xs": scalar(0.1, F32), "xz": scalar(0, dt), "ys": scalar(0.2, F32),
+                      "yz": scalar(yz, dt)}
+            ties.append(Case(f"ties-{np.dtype(dt).name}-yz{yz}", {"x": qvalues(rng, (64,), dt)},
+                             {"alpha": 0.5}, consts, ["x", "xs", "xz", "ys", "yz"]))
+    return [*_unary(rng, {"alpha": 0.13}), *_unary(rng, {"alpha": 1.7}, scales=(0.05, 0.03)),
+            *ties]
 
 
 @spec("QLinearSoftmax")
