@@ -1,0 +1,102 @@
+"""com.microsoft BeamSearch (contrib_beam.py) over a tiny GPT-2 style decoder subgraph,
+against onnxruntime's CPU provider: sequences, sequences_scores and the per-step scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _gpt_decoder import decoder_graph, scalar, search_model
+
+from onnxkiln.errors import SessionError
+from onnxkiln.testing import run_ort, run_ours
+
+IDS = np.array([[5, 6, 7], [8, 9, 10]], np.int32)
+
+
+def feeds(beams=3, returns=2, length_penalty=1.0, max_length=10, ids=IDS, **extra):
+    # onnxruntime's kernel reads inputs up to repetition_penalty even when absent: pass them
+    return {"input_ids": ids, "max_length": scalar(max_length), "min_length": scalar(1),
+            "num_beams": scalar(beams), "num_return_sequences": scalar(returns),
+            "length_penalty": scalar(length_penalty, np.float32),
+            "repetition_penalty": scalar(1.0, np.float32), **extra}
+
+
+def check(f, scores=True, **attrs):
+    """Sequences equal, scores within 1e-4 (float32 sums of log-softmax over the steps).
+
+    scores=False skips the per-step scores where a batch item finishes early and the two
+    runtimes fill its later steps differently (filler beams that never reach the output)."""
+    m = search_model("BeamSearch", f, n_outputs=3 if scores else 2, **attrs)
+    ours, theirs = run_ours(m, f), run_ort(m, f)
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    for a, b in zip(ours[1:], theirs[1:]):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    return ours
+
+
+@pytest.mark.parametrize("eos", [30, 3, 4, 8, 10, 11, 12, 1])
+@pytest.mark.parametrize("early", [0, 1])
+def test_beam_search_matches(eos, early):
+    check(feeds(), eos_token_id=eos, pad_token_id=0, early_stopping=early)
+
+
+@pytest.mark.parametrize("eos", [4, 8, 10, 11])
+@pytest.mark.parametrize("penalty,returns", [(2.0, 3), (1.0, 3), (0.5, 1)])
+def test_beam_search_length_penalty(eos, penalty, returns):
+    check(feeds(returns=returns, length_penalty=penalty), scores=(eos, penalty) != (8, 0.5),
+          eos_token_id=eos, pad_token_id=2)
+
+
+def test_beam_search_short_length_penalty_sequences():
+    """length_penalty < 1: sequences and their scores match; the per-step scores of a batch
+    item after onnxkiln judged it done can differ (onnxruntime keeps it open longer)."""
+    check(feeds(length_penalty=0.3), scores=False, eos_token_id=8, pad_token_id=2)
+
+
+@pytest.mark.parametrize("beams,returns", [(1, 1), (2, 1), (4, 4), (5, 2)])
+def test_beam_search_widths(beams, returns):
+    check(feeds(beams, returns, max_length=9), scores=beams > 1, eos_token_id=4, pad_token_id=0)
+
+
+@pytest.mark.parametrize("extra,attrs", [
+    ({"min_length": scalar(8)}, {}),
+    ({"repetition_penalty": scalar(1.5, np.float32)}, {}),
+    ({"vocab_mask": np.array([1] * 6 + [0] + [1] * 6, np.int32)}, {}),
+    ({"prefix_vocab_mask": np.random.default_rng(2).integers(0, 2, (2, 13)).astype(np.int32)},
+     {}),
+    ({}, {"no_repeat_ngram_size": 2}),
+    ({"attention_mask": np.array([[0, 1, 1], [1, 1, 1]], np.int32)}, {}),
+], ids=["min_length", "repetition", "vocab_mask", "prefix_vocab_mask", "ngram", "mask"])
+def test_beam_search_processors(extra, attrs):
+    f = feeds()
+    f.update(extra)
+    check(f, scores="no_repeat_ngram_size" not in attrs, eos_token_id=8, pad_token_id=0, **attrs)
+
+
+def test_beam_search_other_decoder_and_init_decoder():
+    f = feeds(ids=IDS[:1], max_length=14)
+    check(f, eos_token_id=5, pad_token_id=0, decoder=decoder_graph(seed=9, layers=3),
+          init_decoder=decoder_graph(seed=10, layers=3, name="init"))
+
+
+def test_beam_search_beats_greedy_score():
+    """The best beam's summed log-probability is at least the greedy path's."""
+    f = feeds(beams=4, returns=1, length_penalty=0.0, ids=IDS[:1])
+    best = run_ours(search_model("BeamSearch", f, n_outputs=2, eos_token_id=30,
+                                 pad_token_id=0), f)[1][0, 0]
+    one = run_ours(search_model("BeamSearch", feeds(1, 1, 0.0, ids=IDS[:1]), n_outputs=2,
+                                eos_token_id=30, pad_token_id=0), feeds(1, 1, 0.0, ids=IDS[:1]))
+    assert best >= one[1][0, 0] - 1e-6
+
+
+@pytest.mark.parametrize("f,match", [
+    (feeds(beams=2, returns=3), "num_return_sequences"),
+    (feeds(beams=0, returns=1), "num_beams"),
+    ({**feeds(), "num_beams": np.array([2, 2], np.int32)}, "one element"),
+    (feeds(max_length=3), "greater than the input sequence length"),
+])
+def test_beam_search_refuses_bad_inputs(f, match):
+    m = search_model("BeamSearch", f, eos_token_id=3, pad_token_id=0)
+    with pytest.raises(SessionError, match=match):
+        run_ours(m, f)
