@@ -156,5 +156,5 @@ def dynamic_quantize_lstm(rng):
         cases.append(Case(f"{np.dtype(wdt).name}-{direction}", {"x": normal(rng, (seq, batch,
                                                                                 inp))},
                           {"hidden_size": hid, "direction": direction}, consts, names,
-                          n_out=3, rtol=0, atol=2e-2))
+                          n_out=3, rtol=0, atol=3e-3))  # measured: 1.1e-3 at most
     return cases
