@@ -13,6 +13,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_generation,
     contrib_gqa,
     contrib_misc,
+    contrib_moe,
     contrib_norm,
     contrib_qlinear,
     contrib_quant,
