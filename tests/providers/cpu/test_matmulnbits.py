@@ -16,7 +16,7 @@ import pytest
 
 from onnxkiln import InferenceSession
 from onnxkiln.errors import SessionError
-from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu import _numba, contrib_nbits
 from onnxkiln.testing import node_model, run_ort
 
 MS = "com.microsoft"
@@ -60,9 +60,11 @@ def nbits_model(k, n, bits, block, level, inits, names, a_shape=("M",), dtype=F3
     return m
 
 
-def ours(model, feeds, numba: bool, monkeypatch) -> np.ndarray:
-    """Three runs (generic, recording, specialised) must agree; the last is returned."""
+def ours(model, feeds, numba: bool, monkeypatch, vnni: bool = True) -> np.ndarray:
+    """Three runs (generic, recording, specialised) must agree; the last is returned.
+    `vnni` False keeps 4-bit weights on the float kernel even on a VNNI CPU."""
     monkeypatch.setattr(_numba, "ENABLED", numba)
+    monkeypatch.setattr(contrib_nbits, "VNNI", vnni)
     sess = InferenceSession.builder().from_graph(model)
     outs = [sess.run(dict(feeds))[0] for _ in range(3)]
     for o in outs[1:]:
@@ -79,12 +81,14 @@ def check(model, rng, k, monkeypatch, rows=ROWS, tol=TIGHT, dtype=F32):
         ref = run_ort(model, feeds)[0]
         big = float(np.abs(ref.astype(F32)).max())
         fast, slow = (ours(model, feeds, flag, monkeypatch) for flag in (True, False))
-        for got in (fast, slow):
+        tiles = ours(model, feeds, True, monkeypatch, vnni=False)
+        for got in (fast, slow, tiles):
             assert got.dtype == ref.dtype and got.shape == ref.shape
             np.testing.assert_allclose(got.astype(F32), ref.astype(F32), rtol=0,
                                        atol=tol * big, err_msg=f"M={m}")
         if level == 4:
             np.testing.assert_array_equal(fast, slow, err_msg=f"M={m}: numba vs numpy")
+            np.testing.assert_array_equal(tiles, slow, err_msg=f"M={m}: float kernel vs numpy")
 
 
 GRID = [(bits, block, k, zp) for bits in (2, 4, 8)
@@ -185,8 +189,10 @@ def test_numba_kernel_is_used_for_few_rows(monkeypatch):
     rng = np.random.default_rng(2)
     inits, names = weights(rng, 64, 8, 4, 32, None)
     model = nbits_model(64, 8, 4, 32, 4, inits, names)
-    for numba, m, variant in ((True, 2, "int8_numba"), (True, 64, "int8_blas"),
-                              (False, 2, "int8_blas")):
+    from onnxkiln.providers.cpu.contrib_nbits import has_vnni
+
+    fast = "int8_vnni" if has_vnni() else "int8_numba"  # 4 bits: vpdpbusd where the CPU has it
+    for numba, m, variant in ((True, 2, fast), (True, 64, "int8_blas"), (False, 2, "int8_blas")):
         monkeypatch.setattr(_numba, "ENABLED", numba)
         ctx = TraceContext.in_memory()
         sess = InferenceSession.builder().trace(ctx).from_graph(model)

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir as llvm_ir
+from numba import types
+from numba.extending import intrinsic
 
 TILE = 32  # output columns per tile: four AVX2 (two AVX-512) float32 registers
 
@@ -127,5 +130,113 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
                                 np.float32(127.0))
                     c[m, k, p, j] = q - radix * prev
                     prev = q
+                    total += q
+            a_sum[m, k] = total
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-bit weights on CPUs with AVX-512 VNNI: int8 x uint4 dot products in int32 (vpdpbusd)
+
+VNNI_TILE = 16  # output columns per tile: the 16 int32 lanes of one 512-bit register
+
+
+@intrinsic
+def _quad_dots(typingctx, b, b_off, a, a_off, quads, out):
+    """out[0:16] = the int32 dot products of `quads` groups of 64 bytes at b[b_off:] (16
+    columns x 4 bytes, each byte two 4-bit values, low first) with 8 int8 activations per
+    group at a[a_off:] (the 4 matching low-nibble values, then the 4 high-nibble ones)."""
+    sig = types.void(b, b_off, a, a_off, quads, out)
+
+    def codegen(context, builder, signature, args):
+        i8, i32, i64 = llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64)
+        v64i8, v16i32 = llvm_ir.VectorType(i8, 64), llvm_ir.VectorType(i32, 16)
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i])
+                  for i in (0, 2, 5)]
+        bptr, aptr = (builder.bitcast(arr.data, i8.as_pointer()) for arr in arrays[:2])
+        name = "llvm.x86.avx512.vpdpbusd.512"
+        dot = builder.module.globals.get(name) or llvm_ir.Function(
+            builder.module, llvm_ir.FunctionType(v16i32, [v16i32] * 3), name)
+        entry = builder.block
+        loop, body, done = (builder.append_basic_block(f"quad_dots.{n}")
+                            for n in ("loop", "body", "done"))
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        i, acc = builder.phi(i64), builder.phi(v16i32)
+        i.add_incoming(llvm_ir.Constant(i64, 0), entry)
+        acc.add_incoming(llvm_ir.Constant(v16i32, None), entry)
+        builder.cbranch(builder.icmp_signed("<", i, args[4]), body, done)
+        builder.position_at_end(body)
+        at = builder.gep(bptr, [builder.add(args[1], builder.mul(i, llvm_ir.Constant(i64, 64)))])
+        raw = builder.load(builder.bitcast(at, v64i8.as_pointer()), align=1)
+        nib = llvm_ir.Constant(v64i8, [15] * 64)
+        lo = builder.and_(raw, nib)
+        hi = builder.and_(builder.lshr(raw, llvm_ir.Constant(v64i8, [4] * 64)), nib)
+        q = builder.gep(aptr, [builder.add(args[3], builder.mul(i, llvm_ir.Constant(i64, 8)))])
+        undef = llvm_ir.Constant(v16i32, llvm_ir.Undefined)
+        lanes = llvm_ir.Constant(v16i32, [0] * 16)
+        total = acc
+        for half, bits in ((0, lo), (4, hi)):
+            word = builder.load(builder.bitcast(builder.gep(q, [llvm_ir.Constant(i64, half)]),
+                                                i32.as_pointer()), align=1)
+            spread = builder.shuffle_vector(
+                builder.insert_element(undef, word, llvm_ir.Constant(i32, 0)), undef, lanes)
+            total = builder.call(dot, [total, builder.bitcast(bits, v16i32), spread])
+        i.add_incoming(builder.add(i, llvm_ir.Constant(i64, 1)), body)
+        acc.add_incoming(total, body)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        builder.store(acc, builder.bitcast(arrays[2].data, v16i32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def nbits_vnni(qa, a_sum, a_scale, b, scales, zeros, m_len, n_len, t0, t1, d, acc, y):
+    """nbits_tiles for 4-bit weights through vpdpbusd: b (tiles, k_blocks, quads, 16, 4) uint8,
+    qa (M, k_blocks, quads, 8) int8 (nbits_quantize_vnni); d (16,) int32 and acc (M, 16) are
+    scratch. Same integers, same scaling order: the same bits as nbits_tiles."""
+    n_blocks, quads = b.shape[1], b.shape[2]
+    for t in range(t0, t1):
+        for m in range(m_len):
+            for q in range(VNNI_TILE):
+                acc[m, q] = 0.0
+            for k in range(n_blocks):
+                _quad_dots(b, (t * n_blocks + k) * quads * 64, qa, (m * n_blocks + k) * quads * 8,
+                           quads, d)
+                asc, zs = a_scale[m, k], a_sum[m, k]
+                for q in range(VNNI_TILE):
+                    acc[m, q] += (asc * scales[t, k, q]) * (np.float32(d[q]) - zeros[t, k, q] * zs)
+        base = t * VNNI_TILE
+        width = min(VNNI_TILE, n_len - base)
+        for m in range(m_len):
+            for q in range(width):
+                y[m, base + q] = acc[m, q]
+
+
+def nbits_quantize_vnni(x, k_len, block, qa, a_sum, a_scale):
+    """nbits_quantize's int8 values laid out for nbits_vnni: qa[m, blk, quad] holds the values
+    at K offsets quad*8 + (0, 2, 4, 6) then quad*8 + (1, 3, 5, 7) of the block."""
+    m_len = x.shape[0]
+    n_blocks, quads = qa.shape[1], qa.shape[2]
+    for m in range(m_len):
+        for k in range(n_blocks):
+            k0 = k * block
+            k1 = min(k0 + block, k_len)
+            amax = np.float32(0.0)
+            for i in range(k0, k1):
+                v = abs(x[m, i])
+                if v > amax:
+                    amax = v
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+            a_scale[m, k] = amax / np.float32(127.0)
+            total = np.float32(0.0)
+            for g in range(quads):
+                for r in range(8):
+                    i = k0 + g * 8 + 2 * (r % 4) + r // 4
+                    q = np.float32(0.0)
+                    if i < k1:
+                        q = min(max(np.rint(x[m, i] * inv), np.float32(-128.0)),
+                                np.float32(127.0))
+                    qa[m, k, g, r] = np.int8(q)
                     total += q
             a_sum[m, k] = total

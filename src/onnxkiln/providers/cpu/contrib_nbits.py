@@ -46,7 +46,8 @@ OP = "MatMulNBits"
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
 _FLOATS = frozenset({_F32, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
-TILE = 32  # _numba_nbits.TILE (that module imports numba)
+TILE = 32  # _numba_nbits.TILE and VNNI_TILE (that module imports numba)
+VNNI_TILE = 16
 NUMBA_ROWS_MAX = 16
 """Rows of A up to which the numba kernel runs (decode steps, small batches); beyond, BLAS on
 the float32 matrix wins: it computes each weight once for all rows."""
@@ -149,12 +150,32 @@ def _nbits_weight(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray, zp: np.n
     return np.ascontiguousarray(w[:, : g.k]) if g.n_blocks * g.block != g.k else w
 
 
-def _tiles(v: np.ndarray, n_tiles: int) -> np.ndarray:
-    """(N, ...) -> (n_tiles, ..., TILE): TILE consecutive rows side by side, zero-padded."""
-    pad = np.zeros((n_tiles * TILE, *v.shape[1:]), v.dtype)
+def _tiles(v: np.ndarray, width: int) -> np.ndarray:
+    """(N, ...) -> (n_tiles, ..., width): `width` consecutive rows side by side, zero-padded."""
+    n_tiles = -(-v.shape[0] // width)
+    pad = np.zeros((n_tiles * width, *v.shape[1:]), v.dtype)
     pad[: v.shape[0]] = v
-    t = pad.reshape(n_tiles, TILE, *v.shape[1:])
+    t = pad.reshape(n_tiles, width, *v.shape[1:])
     return np.ascontiguousarray(np.moveaxis(t, 1, -1))
+
+
+VNNI = True  # use nbits_vnni where the CPU has VNNI (tests switch it off for nbits_tiles)
+_HAS_VNNI: list[bool] = []
+
+
+def has_vnni() -> bool:
+    """Whether this CPU runs AVX-512 VNNI (vpdpbusd) code; asked of llvmlite, so only after
+    numba has loaded."""
+    if not _HAS_VNNI:
+        try:
+            import llvmlite.binding as ll
+
+            features = ll.get_host_cpu_features()
+            _HAS_VNNI.append(all(features.get(f, False)
+                                 for f in ("avx512f", "avx512bw", "avx512vnni")))
+        except (ImportError, RuntimeError):
+            _HAS_VNNI.append(False)
+    return _HAS_VNNI[0]
 
 
 class NbitsMatMul:
@@ -175,8 +196,12 @@ class NbitsMatMul:
         self._dense: np.ndarray | None = None  # W.T (K, N), dequantized
         self._ints: np.ndarray | None = None  # (k_blocks, block, N): q - zero_point
         self._tiled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._tiled_vnni: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.fast = _numba.lazy("nbits_tiles", _F32) if int8 else None
         self.quant = _numba.lazy("nbits_quantize", _F32) if int8 else None
+        vnni = int8 and g.bits == 4
+        self.vnni = _numba.lazy("nbits_vnni", _F32) if vnni else None
+        self.quant_vnni = _numba.lazy("nbits_quantize_vnni", _F32) if vnni else None
 
     # ------------------------------------------------------------------ prepared weights
     def _centered(self) -> np.ndarray:
@@ -202,10 +227,18 @@ class NbitsMatMul:
     def tiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, scales, zero points) in column tiles for nbits_tiles."""
         if self._tiled is None:
-            n_tiles = -(-self.g.n // TILE)
-            self._tiled = (_tiles(self._b, n_tiles), _tiles(self._s, n_tiles),
-                           _tiles(self._z, n_tiles))
+            self._tiled = (_tiles(self._b, TILE), _tiles(self._s, TILE), _tiles(self._z, TILE))
         return self._tiled
+
+    def tiled_vnni(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, scales, zero points) for nbits_vnni: B as (tiles, k_blocks, quads, 16, 4), the
+        4 bytes of a column's quad side by side (vpdpbusd sums 4 adjacent byte products)."""
+        if self._tiled_vnni is None:
+            g = self.g
+            b = _tiles(self._b.reshape(g.n, g.n_blocks, g.blob // 4, 4), VNNI_TILE)
+            self._tiled_vnni = (np.ascontiguousarray(b.transpose(0, 1, 2, 4, 3)),
+                                _tiles(self._s, VNNI_TILE), _tiles(self._z, VNNI_TILE))
+        return self._tiled_vnni
 
     # ------------------------------------------------------------------ activations
     def quantize(self, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,45 +274,65 @@ class NbitsMatMul:
             y += (sc[:, k, None] * s[None, :, k]) * dots[k]
         return y
 
-    def numba_product(self, m: int) -> Callable[[np.ndarray], np.ndarray] | None:
-        """call(a2) -> (M, N) through nbits_tiles for M = m rows, split into column-tile
-        chunks across the pool; None when numba is off, does not import, or m is large."""
+    def _use_vnni(self) -> bool:
+        return (VNNI and self.vnni is not None and self.quant_vnni is not None and has_vnni()
+                and self.vnni.ready() and self.quant_vnni.ready())
+
+    def numba_product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str] | None:
+        """(call(a2) -> (M, N), kernel name) through nbits_vnni (4 bits on a VNNI CPU) or
+        nbits_tiles for M = m rows, split into column-tile chunks across the pool; None when
+        numba is off, does not import, or m is large."""
         if (self.fast is None or self.quant is None or m > NUMBA_ROWS_MAX
                 or not self.fast.ready() or not self.quant.ready()):
             return None
-        fn, quant, g = self.fast.fn, self.quant.fn, self.g
-        bt, st, zt = self.tiled()
-        n_tiles = bt.shape[0]
+        g = self.g
+        nb = g.n_blocks
+        if self._use_vnni():
+            fn, quant, width = self.vnni.fn, self.quant_vnni.fn, VNNI_TILE
+            bt, st, zt = self.tiled_vnni()
+            planes, dt, name = (m, nb, g.blob // 4, 8), np.dtype(np.int8), "vnni"
+
+            def kernel(c, a_sum, a_scale, y, t0, t1):
+                fn(c, a_sum, a_scale, bt, st, zt, m, g.n, t0, t1, np.empty(VNNI_TILE, np.int32),
+                   np.empty((m, VNNI_TILE), _F32), y)
+
+            def quantize(a2, c, a_sum, a_scale):
+                quant(a2, g.k, g.block, c, a_sum, a_scale)
+        else:
+            fn, quant, width = self.fast.fn, self.quant.fn, TILE
+            bt, st, zt = self.tiled()
+            planes, dt, name = (m, nb, 8 // g.bits, g.blob), _F32, "numba"
+
+            def kernel(c, a_sum, a_scale, y, t0, t1):
+                fn(c, a_sum, a_scale, bt, st, zt, g.bits, m, g.n, t0, t1,
+                   np.empty((m, TILE), _F32), np.empty((m, TILE), _F32), y)
+
+            def quantize(a2, c, a_sum, a_scale):
+                quant(a2, g.k, g.block, g.bits, c, a_sum, a_scale)
+        n_tiles = -(-g.n // width)
         threads = active_threads()
         parts = min(n_tiles, 4 * threads) if threads > 1 and g.k * g.n >= SPLIT_MIN_WEIGHTS \
             else 1
         bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
-        planes = (m, g.n_blocks, 8 // g.bits, g.blob)
 
         def call(a2: np.ndarray) -> np.ndarray:
-            c = np.empty(planes, _F32)
-            a_sum, a_scale = np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32)
-            quant(np.ascontiguousarray(a2, _F32), g.k, g.block, g.bits, c, a_sum, a_scale)
+            c = np.empty(planes, dt)
+            a_sum, a_scale = np.empty((m, nb), _F32), np.empty((m, nb), _F32)
+            quantize(np.ascontiguousarray(a2, _F32), c, a_sum, a_scale)
             y = np.empty((m, g.n), _F32)
-
-            def chunk(i: int) -> None:
-                t0, t1 = bounds[i]
-                fn(c, a_sum, a_scale, bt, st, zt, g.bits, m, g.n, t0, t1,
-                   np.empty((m, TILE), _F32), np.empty((m, TILE), _F32), y)
-
             if parts == 1:
-                chunk(0)
+                kernel(c, a_sum, a_scale, y, 0, n_tiles)
             else:
-                parallel_for(parts, chunk)
+                parallel_for(parts, lambda i: kernel(c, a_sum, a_scale, y, *bounds[i]))
             return y
 
-        return call
+        return call, name
 
     def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str, str | None]:
         """(call, variant, why not the numba kernel or None) for products of m rows."""
-        call = self.numba_product(m)
-        if call is not None:
-            return call, "matmulnbits.int8_numba", None
+        fast = self.numba_product(m)
+        if fast is not None:
+            return fast[0], f"matmulnbits.int8_{fast[1]}", None
         variant = f"matmulnbits.{'int8' if self.int8 else 'fp32'}_blas"
         if not self.int8:
             return self.numpy_product, variant, None
@@ -419,6 +472,29 @@ def _signature_quantize(dt: np.dtype):
             types.Array(f, 2, "C"), types.Array(f, 2, "C"))
 
 
+def _signature_vnni(dt: np.dtype):
+    from numba import types
+
+    f, i64 = types.float32, types.int64
+
+    def arr(t, nd, ro=True):
+        return types.Array(t, nd, "C", readonly=ro)
+
+    return (arr(types.int8, 4), arr(f, 2), arr(f, 2), arr(types.uint8, 5), arr(f, 3), arr(f, 3),
+            i64, i64, i64, i64, arr(types.int32, 1, False), arr(f, 2, False), arr(f, 2, False))
+
+
+def _signature_quantize_vnni(dt: np.dtype):
+    from numba import types
+
+    f, i64 = types.float32, types.int64
+    return (types.Array(f, 2, "C", readonly=True), i64, i64, types.Array(types.int8, 4, "C"),
+            types.Array(f, 2, "C"), types.Array(f, 2, "C"))
+
+
+_numba.register("nbits_vnni", "onnxkiln.providers.cpu._numba_nbits", _signature_vnni, (_F32,))
+_numba.register("nbits_quantize_vnni", "onnxkiln.providers.cpu._numba_nbits",
+                _signature_quantize_vnni, (_F32,))
 _numba.register("nbits_tiles", "onnxkiln.providers.cpu._numba_nbits", _signature_tiles,
                 (_F32,))
 _numba.register("nbits_quantize", "onnxkiln.providers.cpu._numba_nbits",
