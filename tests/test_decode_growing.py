@@ -69,8 +69,21 @@ def decoder():
     return _concat_decoder()
 
 
-def _session(model, level="all", **options):
-    b = ok.InferenceSession.builder().providers(["cpu"]).optimization(level)
+def _providers():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return [pytest.param("cpu", id="cpu"), pytest.param("torch", id="torch-cpu", marks=(
+            pytest.mark.skip(reason="torch is not installed: the CUDA provider cannot be tested")))]
+    return [pytest.param("cpu", id="cpu"), pytest.param("torch", id="torch-cpu")]
+
+
+def _session(model, level="all", where="cpu", **options):
+    b = ok.InferenceSession.builder().optimization(level)
+    if where == "cpu":
+        b = b.providers(["cpu"])
+    else:  # the CUDA provider's torch kernels on torch's CPU device
+        b = b.providers(["cuda", "cpu"]).option("testing.cuda_on_torch_cpu", "1")
     for key, value in options.items():
         b = b.option(key.replace("_", "."), value)
     return b.from_graph(model)
@@ -108,19 +121,24 @@ def _reference(run, steps):
     return out
 
 
+VIEWS_PER_STEP = {"cpu": 1, "torch": 3}
+
+
 # --- the decode memo ----------------------------------------------------------------------
 
-def test_a_growing_plain_mask_replays_the_memo_and_matches_plain_runs_and_onnxruntime(decoder):
-    s = _session(decoder)
+@pytest.mark.parametrize("where", _providers())
+def test_a_growing_plain_mask_replays_the_memo_and_matches_plain_runs_and_onnxruntime(
+        decoder, where):
+    s = _session(decoder, where=where)
     logits, kv = _memo_loop(s, 31)
     assert s.decode_memo_counts() == (1, 1, 30, 0)  # prefill primes, the first step rebuilds
     assert kv[0].logical_shape == (1, H, 3 + 31, D)
-    off = _session(decoder, decode_memo="0")
+    off = _session(decoder, where=where, decode_memo="0")
     off_logits, _ = _memo_loop(off, 31)
     assert off.decode_memo_counts() == (0, 0, 0, 32)
     for a, b in zip(logits, off_logits):
         np.testing.assert_array_equal(a, b)
-    plain = _session(decoder)
+    plain = _session(decoder, where=where)
     for a, b in zip(logits, _reference(plain.run, 31)):
         np.testing.assert_array_equal(a, b)
     ref = ort_session(decoder)
@@ -128,18 +146,21 @@ def test_a_growing_plain_mask_replays_the_memo_and_matches_plain_runs_and_onnxru
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_views_over_the_growing_buffer_are_re_sliced_not_dispatched(decoder):
+@pytest.mark.parametrize("where", _providers())
+def test_views_over_the_growing_buffer_are_re_sliced_not_dispatched(decoder, where):
     # unfused (at "all" the attention becomes one kernel reading the buffer itself)
-    s = _session(decoder, "basic")
+    s = _session(decoder, "basic", where)
     logits, _ = _memo_loop(s, 31)
     # Transpose(present_key) reads the appended buffer: the first replay records it, the 29
     # after it re-slice; Unsqueeze of the plain mask is not a buffer view and still runs
-    assert s.decode_view_plan_counts() == (29, 29)
-    for a, b in zip(logits, _reference(_session(decoder, "basic").run, 31)):
+    # (on torch the uploads of the bound pasts, the tensors themselves, are re-sliced too)
+    per_step = VIEWS_PER_STEP[where]
+    assert s.decode_view_plan_counts() == (29 * per_step, 29 * per_step)
+    for a, b in zip(logits, _reference(_session(decoder, "basic", where).run, 31)):
         np.testing.assert_array_equal(a, b)
-    checked = _session(decoder, "basic", decode_verify="1")
+    checked = _session(decoder, "basic", where, decode_verify="1")
     _memo_loop(checked, 8)
-    assert checked.decode_view_plan_counts() == (6, 6)
+    assert checked.decode_view_plan_counts() == (6 * per_step, 6 * per_step)
 
 
 def test_verify_proves_every_growing_replay_bit_identical(decoder):
@@ -180,8 +201,9 @@ def _capture_bindings(s):
     return kv, ids, mask, logits
 
 
-def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder):
-    s = _session(decoder)
+@pytest.mark.parametrize("where", _providers())
+def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder, where):
+    s = _session(decoder, where=where)
     kv, ids, mask, logits = _capture_bindings(s)
     binds = [*kv, ids, mask, logits]
     ids.write(PROMPT)
@@ -205,7 +227,7 @@ def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder):
     assert kinds == {ok.SeamKind.GROWING_SHAPE}
     seams = {d.op_type for d in s.capture_segmentation()}
     assert "Concat" in seams and "Gather" not in seams  # the token's path is recorded
-    for a, b in zip(got, _reference(_session(decoder).run, 31)):
+    for a, b in zip(got, _reference(_session(decoder, where=where).run, 31)):
         np.testing.assert_array_equal(a, b)
 
 

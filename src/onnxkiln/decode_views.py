@@ -19,6 +19,8 @@ from typing import Any
 from onnxkiln.bindings import APPEND_VARIANT, DeviceIoBinding
 from onnxkiln.plan import Plan, Step
 
+_UPLOAD = ("onnxkiln", "MemcpyFromHost")  # of a bound input on a device: the tensor itself
+
 __all__ = ["Reslice", "Source", "appends_held", "growing_candidates", "growing_sources",
            "resliced"]
 
@@ -65,10 +67,16 @@ def growing_sources(plan: Plan, bindings: Sequence[DeviceIoBinding],
         found[slot] = Source(i, axis, b.tensor, axis, 0)
         by_slot[slot] = (i, axis)
     for step in plan.steps:
-        if getattr(step.kernel, "variant", "") != APPEND_VARIANT or not step.inputs:
+        if not step.inputs or not step.outputs or step.outputs[0] is None:
+            continue
+        if (step.domain, step.op_type) == _UPLOAD and step.inputs[0] in by_slot:
+            by_slot[step.outputs[0]] = by_slot[step.inputs[0]]  # the tensor itself
+            found[step.outputs[0]] = found[step.inputs[0]]
+            continue
+        if getattr(step.kernel, "variant", "") != APPEND_VARIANT:
             continue
         src = by_slot.get(step.inputs[0])
-        if src is not None and step.outputs and step.outputs[0] is not None:
+        if src is not None:
             found[step.outputs[0]] = Source(src[0], src[1], bindings[src[0]].tensor, src[1],
                                             None)  # type: ignore[arg-type]  # delta: recorded
     return found
