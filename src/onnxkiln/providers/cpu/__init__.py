@@ -8,6 +8,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     cast,
     contrib_attention,
     contrib_beam,
+    contrib_conv,
     contrib_dqlstm,
     contrib_fused,
     contrib_generation,
