@@ -130,7 +130,7 @@ def _sessions(loop: Loop, where: str):
 
 
 def measure(loop: Loop, past: int, steps: int, rounds: int, where: str,
-            repeat: bool = False) -> dict:
+            repeat: bool = False, clock=time.perf_counter) -> dict:
     """Median ms of `steps` decode steps after a past of `past` positions, three ways.
 
     Continuing (the default, as a decode loop runs): round r decodes positions
@@ -185,9 +185,9 @@ def measure(loop: Loop, past: int, steps: int, rounds: int, where: str,
     for r in range(1, rounds + 1):
         for key, fn in ways.items():
             time.sleep(GAP_S)
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(r)
-            times[key].append((time.perf_counter() - t0) * 1e3)
+            times[key].append((clock() - t0) * 1e3)
     stats = binds[0].write_stats()
     row = {k: statistics.median(v) for k, v in times.items()}
     row.update(past=past, copied=stats.copied_bytes, memo=ours.decode_memo_counts(),
@@ -203,11 +203,16 @@ def main() -> int:
     parser.add_argument("--where", choices=("cpu", "torch", "cuda"), default="cpu")
     parser.add_argument("--repeat", action="store_true",
                         help="decode the same positions every round (plain run's best case)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this process's CPU (both runtimes run on this thread at one "
+                             "intra-op thread): steadier than wall time on a loaded machine")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     max_len = max(args.past) + args.steps * (1 if args.repeat else args.rounds + 1) + 1
     loops = [*_genai_loops(max_len), _gqa_loop(max_len)]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     mode = "the same positions each round" if args.repeat else "continuing positions"
+    mode += ", CPU time" if args.cpu_time else ", wall time"
     print(f"{args.steps}-step decode loops ({mode}), provider {args.where}, 1 intra-op thread, "
           f"median of {args.rounds} interleaved rounds; load average {load:.2f} at start "
           f"({os.cpu_count()} cores; other processes share them: absolute times are noisy)")
@@ -217,7 +222,7 @@ def main() -> int:
               f"{'ort/bound':>9} {'KV B/step':>9} {'copied B':>8}  memo (primed, rebuilt, "
               "replayed, ineligible)")
         for past in args.past:
-            r = measure(loop, past, args.steps, args.rounds, args.where, args.repeat)
+            r = measure(loop, past, args.steps, args.rounds, args.where, args.repeat, clock)
             print(f"{past:>6} {r['bound']:>9.2f} {r['plain']:>9.2f} {r['onnxruntime']:>8.2f} "
                   f"{r['plain'] / r['bound']:>11.2f} {r['onnxruntime'] / r['bound']:>9.2f} "
                   f"{r['in_place_per_step']:>9.0f} {r['copied']:>8}  {r['memo']}")
