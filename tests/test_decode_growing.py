@@ -412,3 +412,122 @@ def test_gqa_decoder_captures_once_and_replays_every_growing_step(gqa):
             ok.InferenceSession.builder().providers(["cpu"]).load(str(gqa.model_path)), gqa,
             31)[0]):
         np.testing.assert_array_equal(a, b)
+
+
+# --- a torch.onnx export of a transformers decoder with past key values --------------------
+
+GPT2_LAYERS, GPT2_HEADS, GPT2_DIM, GPT2_VOCAB = 2, 4, 16, 128
+
+
+def _export_gpt2(path):
+    """transformers' GPT-2 (random weights from a config) exported with its KV cache as
+    inputs and outputs: Concat(past, new) presents, a [1, total] attention_mask, the Shape /
+    Range arithmetic over the past that such exports carry. Traced at one new token."""
+    import torch
+    import transformers as tf
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=GPT2_LAYERS, n_embd=GPT2_HEADS * GPT2_DIM, n_head=GPT2_HEADS,
+                        vocab_size=GPT2_VOCAB, n_positions=128)
+    model = tf.GPT2LMHeadModel(cfg).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache()
+            for i in range(GPT2_LAYERS):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask,
+                         past_key_values=cache, use_cache=True)
+            kv = out.past_key_values
+            return (out.logits, *(t for layer in kv.layers for t in (layer.keys, layer.values)))
+
+    names = [f"{t}{i}" for i in range(GPT2_LAYERS) for t in ("k", "v")]
+    past = [torch.zeros(1, GPT2_HEADS, 3, GPT2_DIM) for _ in names]
+    dims = {**{f"past_{n}": {2: "past"} for n in names},
+            **{f"present_{n}": {2: "total"} for n in names}, "attention_mask": {1: "total"}}
+    torch.onnx.export(Step(), (torch.tensor([[5]]), torch.ones(1, 4, dtype=torch.int64), *past),
+                      str(path), dynamo=False, opset_version=17,
+                      input_names=["input_ids", "attention_mask", *(f"past_{n}" for n in names)],
+                      output_names=["logits", *(f"present_{n}" for n in names)],
+                      dynamic_axes=dims)
+    return names
+
+
+@pytest.fixture(scope="module")
+def gpt2_export(tmp_path_factory):
+    for module in ("torch", "transformers"):
+        pytest.importorskip(module, reason=f"the export needs {module}")
+    path = tmp_path_factory.mktemp("gpt2") / "gpt2_past.onnx"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values
+        names = _export_gpt2(path)
+    return path, names
+
+
+def _gpt2_loop(s, names, steps, binds=None):
+    """One token a step from an empty cache, the mask a plain array as long as the cache."""
+    kv = binds or [s.allocate_device_binding(f"past_{n}", f"present_{n}", F,
+                                             (1, GPT2_HEADS, CAP, GPT2_DIM),
+                                             (1, GPT2_HEADS, 0, GPT2_DIM)) for n in names]
+    token, out = 5, []
+    for step in range(steps):
+        logits = s.run_with_device_bindings({"input_ids": np.array([[token]], np.int64),
+                                             "attention_mask": np.ones((1, step + 1), np.int64)},
+                                            kv)[0]
+        out.append(logits)
+        token = int(logits[0, -1].argmax())
+    return out
+
+
+def test_torch_export_of_gpt2_replays_the_memo_and_re_slices_its_key_transposes(gpt2_export):
+    path, names = gpt2_export
+    s = ok.InferenceSession.builder().providers(["cpu"]).load(str(path))
+    logits = _gpt2_loop(s, names, 32)
+    assert s.decode_memo_counts() == (1, 0, 31, 0)  # every step after the first replays
+    assert s.decode_view_plan_counts()[1] > 0
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    past = {f"past_{n}": np.zeros((1, GPT2_HEADS, 0, GPT2_DIM), np.float32) for n in names}
+    token = 5
+    for step, got in enumerate(logits):
+        want, *present = ref.run(None, {"input_ids": np.array([[token]], np.int64),
+                                        "attention_mask": np.ones((1, step + 1), np.int64),
+                                        **past})
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        past = {f"past_{n}": v for n, v in zip(names, present)}
+        token = int(got[0, -1].argmax())
+
+
+def test_torch_export_of_gpt2_captures_once_and_replays_every_step(gpt2_export):
+    path, names = gpt2_export
+    s = ok.InferenceSession.builder().providers(["cpu"]).load(str(path))
+    kv = [s.allocate_device_binding(f"past_{n}", f"present_{n}", F, (1, GPT2_HEADS, CAP, GPT2_DIM),
+                                    (1, GPT2_HEADS, 0, GPT2_DIM)) for n in names]
+    ids = s.allocate_device_binding("input_ids", None, I64, (1, 1), (1, 1))
+    mask = s.allocate_device_binding("attention_mask", None, I64, (1, CAP), (1, 1))
+    mask.write(np.ones((1, CAP), np.int64))
+    logits = s.allocate_device_output_binding("logits", F, (1, 1, GPT2_VOCAB),
+                                              (1, 1, GPT2_VOCAB))
+    binds, token, got, replays = [*kv, ids, mask, logits], 5, [], []
+    for step in range(32):
+        ids.write(np.array([[token]], np.int64))
+        mask.set_logical_shape((1, step + 1))
+        if step == 0:
+            assert s.try_capture_with_device_bindings({}, binds).captured
+        else:
+            replays.append(s.replay_device_graph(binds))
+        got.append(logits.read())
+        token = int(got[-1][0, -1].argmax())
+    assert replays == [True] * 31
+    assert kv[0].logical_shape[2] == 32
+    memo = ok.InferenceSession.builder().providers(["cpu"]).load(str(path))
+    for a, b in zip(got, _gpt2_loop(memo, names, 32)):
+        np.testing.assert_array_equal(a, b)
