@@ -561,3 +561,65 @@ def test_quantized_gqa_cache_bound_equals_plain(bits):
         past = {"past_key": plain[1], "past_value": plain[2]}
         p += n
     assert binds[0].write_stats().in_place_bytes == 5 * B * NK * width
+
+
+def _sparse_model(cap, block):
+    """SparseAttention (Phi-3-small's block-sparse GQA) over shared (B, NK, cap, H) buffers."""
+    nb = cap // block
+    mask = np.tril(np.ones((1, nb, nb), np.int32))
+    mask[0, 2, 0] = 0
+    rows = np.concatenate([[0], np.cumsum(mask[0].sum(1))]).astype(np.int32)[None]
+    cols = np.nonzero(mask[0])[1].astype(np.int32)[None]
+    ins = [tensor_info("q", F32, [B, "s", N * H]), tensor_info("k", F32, [B, "s", NK * H]),
+           tensor_info("v", F32, [B, "s", NK * H]),
+           tensor_info("past_key", F32, [B, NK, cap, H]),
+           tensor_info("past_value", F32, [B, NK, cap, H]),
+           tensor_info("total", np.int32, []), tensor_info("key_total", np.int32, [B])]
+    node = helper.make_node(
+        "SparseAttention", ["q", "k", "v", "past_key", "past_value", "rows", "cols", "total",
+                            "key_total"],
+        ["out", "present_key", "present_value"], domain="com.microsoft", num_heads=N,
+        kv_num_heads=NK, sparse_block_size=block)
+    outs = [tensor_info("out", F32, [B, "s", N * H]),
+            tensor_info("present_key", F32, [B, NK, cap, H]),
+            tensor_info("present_value", F32, [B, NK, cap, H])]
+    return make_model([node], ins, outs, {"rows": rows, "cols": cols}, extra_opsets=MS)
+
+
+def test_sparse_attention_shared_buffer_bound_in_place():
+    """SparseAttention's past and present are one buffer by definition (onnxruntime's CPU
+    kernel demands it): bound, the new rows go straight in; equal to plain runs bit for bit and
+    to onnxruntime run through I/O binding on one persistent buffer."""
+    cap, block = 64, 16
+    model = _sparse_model(cap, block)
+    s = _session(model, "cpu")
+    full = (B, NK, cap, H)
+    kv = (("past_key", "present_key"), ("past_value", "present_value"))
+    binds = [s.allocate_device_binding(i, o, ok.DataType.FLOAT, full, full) for i, o in kv]
+    ref = _ort(model)
+    caches = {i: ort.OrtValue.ortvalue_from_numpy(np.zeros(full, F32)) for i, _ in kv}
+    past = {i: np.zeros(full, F32) for i, _ in kv}
+    rng = np.random.default_rng(11)
+    p = 0
+    for n in (20, 1, 1, 1):
+        feeds = {**_qkv(rng, n), "total": np.array(p + n, np.int32),
+                 "key_total": np.full(B, p + n, np.int32)}
+        plain = s.run({**feeds, **past})
+        got = s.run_with_device_bindings(feeds, binds)
+        io = ref.io_binding()
+        io.bind_output("out")
+        for name, value in feeds.items():
+            io.bind_cpu_input(name, value)
+        for i, o in kv:
+            io.bind_ortvalue_input(i, caches[i])
+            io.bind_ortvalue_output(o, caches[i])
+        ref.run_with_iobinding(io)
+        np.testing.assert_array_equal(got[0], plain[0])
+        np.testing.assert_allclose(got[0], io.get_outputs()[0].numpy(), rtol=2e-5, atol=2e-5)
+        for b, want, (i, _) in zip(binds, plain[1:], kv):
+            np.testing.assert_array_equal(b.read(), want)
+            np.testing.assert_allclose(b.read()[:, :, : p + n], caches[i].numpy()[:, :, : p + n],
+                                       rtol=1e-6, atol=1e-6)
+            assert b.write_stats().copied_bytes == 0
+        past = {i: v for (i, _), v in zip(kv, plain[1:])}
+        p += n

@@ -548,7 +548,7 @@ def sparse_attention(info: NodeInfo) -> Callable[..., tuple]:
         fixed = _dense_layouts(consts[5], consts[6])
 
     def run(query, key, value, past_key, past_value, rows, cols, total, key_total,
-            cos_cache=None, sin_cache=None):  # fmt: skip
+            cos_cache=None, sin_cache=None, *, _into=None):  # fmt: skip
         dense = fixed if fixed is not None else _dense_layouts(rows, cols)
         n_layout, nb = dense.shape[:2]
         if n % n_layout:
@@ -570,7 +570,9 @@ def sparse_attention(info: NodeInfo) -> Callable[..., tuple]:
         seqlens = key_total.astype(np.int32) - 1
         return inner(
             query, key, value, past_key, past_value, seqlens, total, cos_cache, sin_cache,
-            _block=allowed, _keep_past=True,
+            _block=allowed, _keep_past=True, _into=_into,
         )
 
+    run.kv_pairs = ((3, 1), (4, 2))
+    run.kv_in_place = in_place_of(run, "sparse.sdpa.kv_in_place", wants(info, 1) and wants(info, 2))
     return run
