@@ -14,7 +14,9 @@ that are fixed. Everything else is recorded unless the step is a seam:
   host and device of a value that changes;
 - CPU_FALLBACK: a node a device session placed on the CPU;
 - GROWING_SHAPE: a step reading or writing a value whose shape grows with a KV binding that
-  is appended to in place (measured by running the plan at two past lengths).
+  grows in place (an appended Concat, an attention kernel writing its new positions) or
+  with an input-only binding that follows it (a mask): measured by running the plan at two
+  past lengths (onnxkiln.device_graph).
 """
 
 from __future__ import annotations

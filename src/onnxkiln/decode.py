@@ -2,13 +2,15 @@
 
 A decode loop through persistent bindings changes only logical lengths from step to step.
 The memo keys one specialisation on the binding layout (each binding's names, identity,
-dtype and physical shape) and the (dtype, shape) of every plain input, the bindings'
-logical shapes abstracted. A step with the memo's key (`replayed`) skips the validation of
-bound inputs (their dtype was checked at allocation; the static dims the model declares
-are still compared, cheaply), the specialisation-cache lookup and the
-binding-plan lookup; plain inputs are still converted and checked one by one, with the
-errors of the ordinary path. A step with another key builds anew on the ordinary path
-(`primed` the first time, `rebuilt` after).
+dtype and physical shape) and the dtype and rank of every plain input, the bindings'
+logical shapes abstracted; a plain input's shape must be the one it had when the entry was
+built, except dims that grew by exactly as much as some bound logical length did since (an
+attention mask fed as an array one column wider each step: a logical length too). A step
+with the memo's key (`replayed`) skips the validation of bound inputs (their dtype was
+checked at allocation; the static dims the model declares are still compared, cheaply),
+the specialisation-cache lookup and the binding-plan lookup; plain inputs are still
+converted and checked one by one, with the errors of the ordinary path. A step with
+another key builds anew on the ordinary path (`primed` the first time, `rebuilt` after).
 
 The view plan: on replayed steps a bound input whose logical shape did not change keeps
 its view object, and pure-view steps (Reshape, Squeeze, Unsqueeze, Identity, ...) whose
@@ -16,7 +18,8 @@ data input is such a view (or a constant) and whose other inputs are constants k
 output from the first replay that saw the same set of unchanged bindings. That replay runs
 with hooks recording those outputs; each one that really is a view of its data input (a
 view of a persistent buffer stays right when the buffer's contents change) becomes a
-constant of a plan compiled without its step. Anything else is dispatched as usual.
+constant of a plan compiled without its step. Views over a growing buffer are re-sliced
+from it each step instead (onnxkiln.decode_views). Anything else is dispatched as usual.
 
 `decode.verify=1` recomputes every replayed step on the ordinary path from the state
 before it and raises `CaptureError` unless both agree bit for bit.
