@@ -61,7 +61,7 @@ def _rope_tables(rows: int, rot: int):
     return {"cos": np.cos(ang).astype(F32), "sin": np.sin(ang).astype(F32)}
 
 
-def _gqa(rotary: bool = False, packed: bool = False, dt=F32):
+def _gqa(rotary: bool = False, packed: bool = False, dt=F32, **attrs):
     """One GroupQueryAttention node; past/present (B, NK, len, H); rotary inside when asked."""
     ins = [tensor_info("q", dt, [B, "s", (N + 2 * NK) * H if packed else N * H])]
     names = ["q", "", ""]
@@ -78,7 +78,7 @@ def _gqa(rotary: bool = False, packed: bool = False, dt=F32):
         inits = {k: v.astype(dt) for k, v in _rope_tables(CAP, H).items()}
     node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
                             domain="com.microsoft", num_heads=N, kv_num_heads=NK,
-                            do_rotary=int(rotary))
+                            do_rotary=int(rotary), **attrs)
     outs = [tensor_info("out", dt, [B, "s", N * H]),
             tensor_info("present_key", dt, [B, NK, "t", H]),
             tensor_info("present_value", dt, [B, NK, "t", H])]
@@ -179,6 +179,9 @@ CASES = {
         _gqa(rotary=True, packed=True),
         [("past_key", "present_key"), ("past_value", "present_value")], NK, 2,
         _gqa_feeds(packed=True)),
+    "gqa-window-softcap": lambda: Case(
+        _gqa(rotary=True, local_window_size=3, softcap=5.0),
+        [("past_key", "present_key"), ("past_value", "present_value")], NK, 2, _gqa_feeds()),
     "gqa-static": lambda: Case(_gqa(rotary=True),
                                [("past_key", "present_key"), ("past_value", "present_value")],
                                NK, 2, _gqa_feeds(), static=True),
