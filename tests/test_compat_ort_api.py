@@ -299,3 +299,43 @@ def test_adapter_format_refused_by_name():
     assert hasattr(ort, "AdapterFormat")
     with pytest.raises(_errors.NotImplemented, match="AdapterFormat.*LoRA"):
         rt.AdapterFormat()
+
+
+def test_dict_feeds_only_maps_of_floats_as_onnxruntime():
+    """onnxruntime turns every dict value into a float: a map of int64 values cannot be fed."""
+    graph = helper.make_graph(
+        [helper.make_node("DictVectorizer", ["x"], ["y"], domain="ai.onnx.ml",
+                          string_vocabulary=["a", "b"])], "g",
+        [helper.make_value_info("x", helper.make_map_type_proto(
+            TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.INT64, [])))],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]).SerializeToString()
+    message = re.escape("Actual: ((map(string,tensor(float)))) , expected: "
+                        "((map(string,tensor(int64))))")
+    for feed in ({"a": 3}, {"a": np.array(3, np.int64)}):
+        with pytest.raises(ort_c.InvalidArgument, match=message):
+            ort.InferenceSession(model).run(None, {"x": feed})
+        with pytest.raises(_errors.InvalidArgument, match=message):
+            rt.InferenceSession(model).run(None, {"x": feed})
+    float_model = _vectorizer(TensorProto.STRING, ["a", "b"])
+    feed = {"b": np.array(2.5), "a": np.array(1, np.int64)}  # 0-d arrays are numbers too
+    np.testing.assert_array_equal(rt.InferenceSession(float_model).run(None, {"x": feed})[0],
+                                  ort.InferenceSession(float_model).run(None, {"x": feed})[0])
+
+
+def test_map_type_outside_the_schema_is_an_invalid_graph_as_onnxruntime():
+    graph = helper.make_graph(
+        [helper.make_node("DictVectorizer", ["x"], ["y"], domain="ai.onnx.ml",
+                          string_vocabulary=["a", "b"])], "g",
+        [helper.make_value_info("x", helper.make_map_type_proto(
+            TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.BOOL, [])))],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, None)])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]).SerializeToString()
+    with pytest.raises(ort_c.InvalidGraph, match="Type Error: Type 'map"):
+        ort.InferenceSession(model)
+    with pytest.raises(_errors.InvalidGraph, match=re.escape(
+            "Type Error: Type 'map(string, bool)' of input parameter (x) of operator "
+            "(DictVectorizer)")):
+        rt.InferenceSession(model)

@@ -124,6 +124,7 @@ def _from_proto(proto: onnx.ModelProto, base: Path | None, source: str,
     for func in proto.functions:
         _check_function_defined(func, source)
     map_types = _strip_map_types(proto.graph)
+    _check_map_inputs(proto, map_types, source)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:
@@ -370,6 +371,45 @@ def _strip_map_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
             table[vi.name] = kept
             vi.ClearField("type")
     return table
+
+
+def _schema_type(t: onnx.TypeProto, in_map: bool = False) -> str | None:
+    """`t` as op schemas write it: map(string, int64), seq(map(int64, float))."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        elem = onnx.TensorProto.DataType.Name(t.tensor_type.elem_type).lower()
+        return elem if in_map else f"tensor({elem})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(t.map_type.key_type).lower()
+        value = _schema_type(t.map_type.value_type, in_map=True)
+        return None if value is None else f"map({key}, {value})"
+    if kind == "sequence_type":
+        inner = _schema_type(t.sequence_type.elem_type)
+        return None if inner is None else f"seq({inner})"
+    return None
+
+
+def _check_map_inputs(proto: onnx.ModelProto, map_types: dict[str, onnx.TypeProto],
+                      source: str) -> None:
+    """An ai.onnx.ml node fed a map-typed graph value must take that map type by its schema:
+    onnxruntime refuses the model otherwise (DictVectorizer of a map(string, bool)), and
+    onnxkiln's kernels would read it as some other type."""
+    versions = {o.domain: o.version for o in proto.opset_import}
+    for node in proto.graph.node if map_types else ():
+        if node.domain != "ai.onnx.ml":
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, versions.get(node.domain, 1), node.domain)
+        except onnx.defs.SchemaError:
+            continue  # the kernel registry says what is unknown
+        allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+        for formal, name in zip(schema.inputs, node.input, strict=False):
+            given = _schema_type(map_types[name]) if name in map_types else None
+            if given is not None and given not in allowed.get(formal.type_str, [given]):
+                raise ModelLoadError(
+                    f"{source}: this is an invalid model: Type Error: Type '{given}' of input "
+                    f"parameter ({name}) of operator ({node.op_type}) in node ({node.name}) is "
+                    f"invalid; {node.op_type} takes {', '.join(allowed[formal.type_str])}")
 
 
 def map_io_kind(model: ir.Model, name: str) -> tuple[str, int] | None:

@@ -11,6 +11,7 @@ InvalidArgument` and `except onnxkiln.InvalidInputError` both catch it:
     InvalidOptionError, UnknownOptionError, DeviceBindingError -> InvalidArgument
     ModelLoadError: the file does not exist                     -> NoSuchFile
     ModelLoadError: the bytes are not a ModelProto              -> InvalidProtobuf
+    ModelLoadError: a map input type outside the node's schema  -> InvalidGraph
     ModelLoadError otherwise, UnsupportedOpError                -> Fail
     KernelError, MemoryLimitError, RunCancelledError,
     RunTimeoutError, CaptureError, SequenceOutputError          -> Fail
@@ -19,10 +20,9 @@ InvalidArgument` and `except onnxkiln.InvalidInputError` both catch it:
 onnxruntime itself raises `Fail` for kernel failures, type errors in the graph, unknown
 ops and a set `terminate` flag, which is why those map there. A missing required input
 stays an `InvalidInputError` (a ValueError, which is what onnxruntime raises there) and is
-an `InvalidArgument` too. `NoModel`, `EngineError`, `RuntimeException`, `ModelLoaded`,
-`NotImplemented` and `InvalidGraph` exist for code that names them; onnxkiln raises
-`NotImplemented` where it cannot honour an onnxruntime call (a custom-op library, a
-CUDA-only option).
+an `InvalidArgument` too. `NoModel`, `EngineError`, `RuntimeException`, `ModelLoaded` and
+`NotImplemented` exist for code that names them; onnxkiln raises `NotImplemented` where
+it cannot honour an onnxruntime call (a custom-op library, a CUDA-only option).
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ def ort_class_for(error: SessionError) -> type[SessionError]:
             return NoSuchFile
         if "protobuf" in text or "not a valid onnx" in text or "parse" in text:
             return InvalidProtobuf
+        if "this is an invalid model" in text:
+            return InvalidGraph
     return Fail
 
 

@@ -406,7 +406,8 @@ def check_map_feed(name: str, declared: str, value: Any) -> None:
     """Refuses a dict fed to a map input as onnxruntime's feed conversion does (onnxkiln's
     kernels would otherwise read a float key 0.5 as 0, or a bytes key as text): the first
     key says the map's key type, which must be the input's; int64 maps take only integer
-    keys; values must be real numbers; an empty dict is refused."""
+    keys; values must be real numbers (or 0-d numeric arrays) and become floats, so only
+    maps of float values can be fed; an empty dict is refused."""
     if not isinstance(value, dict) or not declared.startswith("map("):
         return
     if not value:
@@ -427,6 +428,11 @@ def check_map_feed(name: str, declared: str, value: Any) -> None:
         if key_type == "int64" and not isinstance(key, int | np.integer):
             raise InvalidInputError(f"Unexpected key type  {type(key)}, it cannot be linked "
                                     f"to C type {c_type} for input '{name}'.")
-        if not isinstance(item, int | float | np.integer | np.floating):
+        if not isinstance(item, int | float | np.integer | np.floating) and not (
+                isinstance(item, np.ndarray) and item.ndim == 0 and item.dtype.kind in "biuf"):
             raise InvalidInputError(f"Unexpected value type  {type(item)}, it cannot be "
                                     f"linked to C type {c_type} for input '{name}'.")
+    if value_type != "tensor(float)":  # onnxruntime makes every dict a map of floats
+        raise InvalidInputError(
+            f"Unexpected input data type. Actual: ((map({given},tensor(float)))) , expected: "
+            f"(({declared})) for input '{name}': a dict feeds only maps of float values")
