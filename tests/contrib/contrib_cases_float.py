@@ -373,3 +373,45 @@ def tokenizer(rng):
                  {**base, "mark": 1, "separators": [""]}),
             Case("tokenexp-word-mincharnum3", {"t": text},
                  {**base, "tokenexp": "\\w+", "mincharnum": 3})]
+
+
+@spec("ConvTransposeWithDynamicPads")
+def conv_transpose_with_dynamic_pads(rng):
+    """ConvTranspose whose pads come in as an int64 input (X, W, Pads, B)."""
+    cases = []
+    for name, x_shape, w_shape, pads, attrs in (
+        ("2d-strided", (1, 4, 5, 5), (4, 3, 3, 3), [1, 0, 1, 2], {"strides": [2, 2]}),
+        ("2d-groups-output-padding", (1, 4, 4, 4), (4, 2, 3, 3), [1, 1, 1, 1],
+         {"group": 2, "strides": [2, 2], "output_padding": [1, 1]}),
+        ("1d-dilated", (2, 3, 6), (3, 2, 3), [2, 1], {"dilations": [2]}),
+    ):
+        bias = normal(rng, (w_shape[1] * attrs.get("group", 1),))
+        cases.append(Case(name, {"x": normal(rng, x_shape), "p": np.array(pads, I64)}, attrs,
+                          {"w": normal(rng, w_shape), "b": bias}, ["x", "w", "p", "b"],
+                          rtol=1e-5, atol=1e-5))
+    return cases
+
+
+@spec("MoE")
+def moe(rng):
+    """Mixture of experts: top-k softmax routing over expert FFNs [E, inter, hidden] /
+    [E, hidden, inter]; interleaved SwiGLU doubles fc1's rows."""
+    cases = []
+    e, hidden, inter = 4, 8, 6
+    for act, k, norm, extra in (("relu", 1, 0, {}), ("gelu", 2, 1, {}), ("silu", 2, 0, {}),
+                                ("identity", 4, 1, {}),
+                                ("swiglu", 2, 1, {"swiglu_fusion": 1, "activation_alpha": 1.702,
+                                                  "activation_beta": 1.0,
+                                                  "swiglu_limit": 7.0})):
+        width = 2 if extra.get("swiglu_fusion") else 1
+        x = normal(rng, (2, 3, hidden) if act == "silu" else (5, hidden))
+        feeds = {"x": x, "router": normal(rng, (x.size // hidden, e), F32, 2)}
+        consts = {"w1": normal(rng, (e, width * inter, hidden), F32, 1 / 3),
+                  "b1": normal(rng, (e, width * inter), F32, 1 / 3),
+                  "w2": normal(rng, (e, hidden, inter), F32, 1 / 3),
+                  "b2": normal(rng, (e, hidden), F32, 1 / 3)}
+        cases.append(Case(f"{act}-k{k}-norm{norm}", feeds,
+                          {"k": k, "activation_type": act, "normalize_routing_weights": norm,
+                           **extra}, consts, ["x", "router", "w1", "b1", "w2", "b2"],
+                          rtol=1e-5, atol=1e-5))
+    return cases
