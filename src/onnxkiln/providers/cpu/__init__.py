@@ -17,6 +17,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_moe,
     contrib_norm,
     contrib_qlinear,
+    contrib_qmoe,
     contrib_quant,
     contrib_quant_layers,
     contrib_tensor,

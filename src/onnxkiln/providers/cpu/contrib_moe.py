@@ -127,36 +127,52 @@ def _bias(b: np.ndarray | None, e: int, width: int, what: str, op: str) -> np.nd
     return b[e].astype(_F32)
 
 
+def forward(op: str, expert: _Expert, k: int, normalize: bool, x: np.ndarray,
+            router: np.ndarray, w1, b1, w2, b2, w3, b3, mix: np.ndarray | None = None):
+    """The MoE block on float weights (out, in); `mix` (tokens, E), when given, supplies the
+    mixing weights of the experts the router picked (QMoE's router_weights)."""
+    tokens, n_exp = _check(op, x, router, w1, w2, w3, expert)
+    if not 1 <= k <= n_exp:
+        raise ValueError(f"{op}: k must lie in [1, {n_exp}], got {k}")
+    xf = x.reshape(tokens, -1).astype(_F32)
+    experts, weights = routing(router.astype(_F32), k, normalize)
+    if mix is not None:
+        if mix.shape != router.shape:
+            raise ValueError(f"{op}: router_weights must be {router.shape}, got {mix.shape}")
+        weights = np.take_along_axis(mix.astype(_F32), experts, axis=1)
+        if normalize:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+    out = np.zeros_like(xf)
+    for e in np.unique(experts):
+        rows, slot = np.nonzero(experts == e)
+        xe = xf[rows]
+        h = xe @ w1[e].astype(_F32).T + _bias(b1, e, w1.shape[1], "fc1_experts_bias", op)
+        lin = None
+        if w3 is not None:
+            lin = xe @ w3[e].astype(_F32).T + _bias(b3, e, w3.shape[1], "fc3_experts_bias", op)
+        y = expert(h, lin) @ w2[e].astype(_F32).T
+        y += _bias(b2, e, w2.shape[1], "fc2_experts_bias", op)
+        np.add.at(out, rows, weights[rows, slot, None] * y)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def moe_attrs(op: str, info: NodeInfo) -> tuple[_Expert, int, bool]:
+    """(activation, k, normalize_routing_weights) of a MoE or QMoE node, checked."""
+    if int(info.attrs.get("use_sparse_mixer", 0)):
+        raise ValueError(f"{op}: use_sparse_mixer=1 is not supported")
+    return (_Expert(op, info), int(info.attrs.get("k", 1)),
+            bool(int(info.attrs.get("normalize_routing_weights", 0))))
+
+
 @kernel("MoE", since=1, domain=MS, factory=True, variant="moe.numpy")
 def moe(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Top-k routed expert FFNs, float32 arithmetic, output in the input's type and shape."""
     op = "MoE"
-    k = int(info.attrs.get("k", 1))
-    normalize = bool(int(info.attrs.get("normalize_routing_weights", 0)))
-    if int(info.attrs.get("use_sparse_mixer", 0)):
-        raise ValueError(f"{op}: use_sparse_mixer=1 is not supported")
-    expert = _Expert(op, info)
+    expert, k, normalize = moe_attrs(op, info)
 
     def run(x, router, w1, b1=None, w2=None, b2=None, w3=None, b3=None) -> np.ndarray:
         if w2 is None:
             raise ValueError(f"{op}: fc2_experts_weights is required")
-        tokens, n_exp = _check(op, x, router, w1, w2, w3, expert)
-        if not 1 <= k <= n_exp:
-            raise ValueError(f"{op}: k must lie in [1, {n_exp}], got {k}")
-        xf = x.reshape(tokens, -1).astype(_F32)
-        experts, weights = routing(router.astype(_F32), k, normalize)
-        out = np.zeros_like(xf)
-        for e in np.unique(experts):
-            rows, slot = np.nonzero(experts == e)
-            xe = xf[rows]
-            h = xe @ w1[e].astype(_F32).T + _bias(b1, e, w1.shape[1], "fc1_experts_bias", op)
-            lin = None
-            if w3 is not None:
-                lin = xe @ w3[e].astype(_F32).T + _bias(b3, e, w3.shape[1], "fc3_experts_bias",
-                                                        op)
-            y = expert(h, lin) @ w2[e].astype(_F32).T
-            y += _bias(b2, e, w2.shape[1], "fc2_experts_bias", op)
-            np.add.at(out, rows, weights[rows, slot, None] * y)
-        return out.reshape(x.shape).astype(x.dtype)
+        return forward(op, expert, k, normalize, x, router, w1, b1, w2, b2, w3, b3)
 
     return run
