@@ -140,52 +140,91 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
 VNNI_TILE = 16  # output columns per tile: the 16 int32 lanes of one 512-bit register
 
 
+def _ptr(context, builder, signature, args, i, ty):
+    """Data pointer of array argument i as a pointer to `ty`."""
+    arr = context.make_array(signature.args[i])(context, builder, args[i])
+    return builder.bitcast(arr.data, ty.as_pointer())
+
+
 @intrinsic
-def _quad_dots(typingctx, b, b_off, a, a_off, quads, out):
-    """out[0:16] = the int32 dot products of `quads` groups of 64 bytes at b[b_off:] (16
-    columns x 4 bytes, each byte two 4-bit values, low first) with 8 int8 activations per
-    group at a[a_off:] (the 4 matching low-nibble values, then the 4 high-nibble ones)."""
-    sig = types.void(b, b_off, a, a_off, quads, out)
+def _tile_dots(typingctx, b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off,
+               out):
+    """out[0:16] = one row's results for one tile of 16 columns over all K blocks, in
+    registers: per block, the int32 dot products of `quads` groups of 64 bytes of b (16
+    columns x 4 bytes, two 4-bit values a byte, low first) with 8 int8 activations a group
+    (the 4 low-nibble partners, then the 4 high-nibble ones), by vpdpbusd; then
+    acc += (asc[r_off + k] * sc[p_off + 16k + lane]) * (dot - z[...] * zs[r_off + k]),
+    each operation rounded on its own (no contraction), as nbits_tiles and numpy do."""
+    sig = types.void(b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off, out)
 
     def codegen(context, builder, signature, args):
-        i8, i32, i64 = llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64)
-        v64i8, v16i32 = llvm_ir.VectorType(i8, 64), llvm_ir.VectorType(i32, 16)
-        arrays = [context.make_array(signature.args[i])(context, builder, args[i])
-                  for i in (0, 2, 5)]
-        bptr, aptr = (builder.bitcast(arr.data, i8.as_pointer()) for arr in arrays[:2])
+        i8, i32, i64, f32 = (llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64),
+                             llvm_ir.FloatType())
+        v64i8, v16i32, v16f = (llvm_ir.VectorType(i8, 64), llvm_ir.VectorType(i32, 16),
+                               llvm_ir.VectorType(f32, 16))
+        bptr, aptr = _ptr(context, builder, signature, args, 0, i8), _ptr(
+            context, builder, signature, args, 2, i8)
+        scp, zp, ascp, zsp = (_ptr(context, builder, signature, args, i, f32)
+                              for i in (6, 7, 9, 10))
         name = "llvm.x86.avx512.vpdpbusd.512"
         dot = builder.module.globals.get(name) or llvm_ir.Function(
             builder.module, llvm_ir.FunctionType(v16i32, [v16i32] * 3), name)
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"quad_dots.{n}")
-                            for n in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i, acc = builder.phi(i64), builder.phi(v16i32)
-        i.add_incoming(llvm_ir.Constant(i64, 0), entry)
-        acc.add_incoming(llvm_ir.Constant(v16i32, None), entry)
-        builder.cbranch(builder.icmp_signed("<", i, args[4]), body, done)
-        builder.position_at_end(body)
-        at = builder.gep(bptr, [builder.add(args[1], builder.mul(i, llvm_ir.Constant(i64, 64)))])
-        raw = builder.load(builder.bitcast(at, v64i8.as_pointer()), align=1)
+        c64, c8, c16 = (llvm_ir.Constant(i64, v) for v in (64, 8, 16))
         nib = llvm_ir.Constant(v64i8, [15] * 64)
-        lo = builder.and_(raw, nib)
-        hi = builder.and_(builder.lshr(raw, llvm_ir.Constant(v64i8, [4] * 64)), nib)
-        q = builder.gep(aptr, [builder.add(args[3], builder.mul(i, llvm_ir.Constant(i64, 8)))])
-        undef = llvm_ir.Constant(v16i32, llvm_ir.Undefined)
+        four = llvm_ir.Constant(v64i8, [4] * 64)
+        undef_i, undef_f = llvm_ir.Constant(v16i32, llvm_ir.Undefined), llvm_ir.Constant(
+            v16f, llvm_ir.Undefined)
         lanes = llvm_ir.Constant(v16i32, [0] * 16)
-        total = acc
+
+        def splat(value, undef):
+            first = builder.insert_element(undef, value, llvm_ir.Constant(i32, 0))
+            return builder.shuffle_vector(first, undef, lanes)
+
+        def vload(ptr, offset, ty):
+            return builder.load(builder.bitcast(builder.gep(ptr, [offset]), ty.as_pointer()),
+                                align=1)
+
+        entry = builder.block
+        blk_head, quad_head, quad_body, blk_tail, done = (
+            builder.append_basic_block(f"tile_dots.{n}")
+            for n in ("block", "quad", "quad_body", "block_end", "done"))
+        builder.branch(blk_head)
+        builder.position_at_end(blk_head)  # for k in range(blocks)
+        k, acc = builder.phi(i64), builder.phi(v16f)
+        k.add_incoming(llvm_ir.Constant(i64, 0), entry)
+        acc.add_incoming(llvm_ir.Constant(v16f, None), entry)
+        builder.cbranch(builder.icmp_signed("<", k, args[5]), quad_head, done)
+        builder.position_at_end(quad_head)  # for i in range(quads)
+        i, isum = builder.phi(i64), builder.phi(v16i32)
+        i.add_incoming(llvm_ir.Constant(i64, 0), blk_head)
+        isum.add_incoming(llvm_ir.Constant(v16i32, None), blk_head)
+        builder.cbranch(builder.icmp_signed("<", i, args[4]), quad_body, blk_tail)
+        builder.position_at_end(quad_body)
+        g = builder.add(builder.mul(k, args[4]), i)
+        raw = vload(bptr, builder.add(args[1], builder.mul(g, c64)), v64i8)
+        lo, hi = builder.and_(raw, nib), builder.and_(builder.lshr(raw, four), nib)
+        a_at = builder.add(args[3], builder.mul(g, c8))
+        total = isum
         for half, bits in ((0, lo), (4, hi)):
-            word = builder.load(builder.bitcast(builder.gep(q, [llvm_ir.Constant(i64, half)]),
-                                                i32.as_pointer()), align=1)
-            spread = builder.shuffle_vector(
-                builder.insert_element(undef, word, llvm_ir.Constant(i32, 0)), undef, lanes)
-            total = builder.call(dot, [total, builder.bitcast(bits, v16i32), spread])
-        i.add_incoming(builder.add(i, llvm_ir.Constant(i64, 1)), body)
-        acc.add_incoming(total, body)
-        builder.branch(loop)
+            word = vload(aptr, builder.add(a_at, llvm_ir.Constant(i64, half)), i32)
+            total = builder.call(dot, [total, builder.bitcast(bits, v16i32),
+                                       splat(word, undef_i)])
+        i.add_incoming(builder.add(i, llvm_ir.Constant(i64, 1)), quad_body)
+        isum.add_incoming(total, quad_body)
+        builder.branch(quad_head)
+        builder.position_at_end(blk_tail)
+        r = builder.add(args[11], k)
+        p = builder.add(args[8], builder.mul(k, c16))
+        a_s = builder.load(builder.gep(ascp, [r]))
+        z_s = builder.load(builder.gep(zsp, [r]))
+        value = builder.fsub(builder.sitofp(isum, v16f),
+                             builder.fmul(vload(zp, p, v16f), splat(z_s, undef_f)))
+        step = builder.fmul(builder.fmul(splat(a_s, undef_f), vload(scp, p, v16f)), value)
+        k.add_incoming(builder.add(k, llvm_ir.Constant(i64, 1)), blk_tail)
+        acc.add_incoming(builder.fadd(acc, step), blk_tail)
+        builder.branch(blk_head)
         builder.position_at_end(done)
-        builder.store(acc, builder.bitcast(arrays[2].data, v16i32.as_pointer()), align=4)
+        builder.store(acc, _ptr(context, builder, signature, args, 12, v16f), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -193,24 +232,19 @@ def _quad_dots(typingctx, b, b_off, a, a_off, quads, out):
 
 def nbits_vnni(qa, a_sum, a_scale, b, scales, zeros, m_len, n_len, t0, t1, d, acc, y):
     """nbits_tiles for 4-bit weights through vpdpbusd: b (tiles, k_blocks, quads, 16, 4) uint8,
-    qa (M, k_blocks, quads, 8) int8 (nbits_quantize_vnni); d (16,) int32 and acc (M, 16) are
-    scratch. Same integers, same scaling order: the same bits as nbits_tiles."""
+    qa (M, k_blocks, quads, 8) int8 (nbits_quantize_vnni); acc (16,) float32 is scratch
+    (d is unused: kept for the signature). Same integers, same scaling order: the same bits
+    as nbits_tiles."""
     n_blocks, quads = b.shape[1], b.shape[2]
     for t in range(t0, t1):
-        for m in range(m_len):
-            for q in range(VNNI_TILE):
-                acc[m, q] = 0.0
-            for k in range(n_blocks):
-                _quad_dots(b, (t * n_blocks + k) * quads * 64, qa, (m * n_blocks + k) * quads * 8,
-                           quads, d)
-                asc, zs = a_scale[m, k], a_sum[m, k]
-                for q in range(VNNI_TILE):
-                    acc[m, q] += (asc * scales[t, k, q]) * (np.float32(d[q]) - zeros[t, k, q] * zs)
         base = t * VNNI_TILE
         width = min(VNNI_TILE, n_len - base)
         for m in range(m_len):
+            _tile_dots(b, t * n_blocks * quads * 64, qa, m * n_blocks * quads * 8, quads,
+                       n_blocks, scales, zeros, t * n_blocks * VNNI_TILE, a_scale, a_sum,
+                       m * n_blocks, acc)
             for q in range(width):
-                y[m, base + q] = acc[m, q]
+                y[m, base + q] = acc[0, q]
 
 
 def nbits_quantize_vnni(x, k_len, block, qa, a_sum, a_scale):

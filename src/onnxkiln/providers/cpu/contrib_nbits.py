@@ -13,15 +13,19 @@ kernel computes, probed on generated inputs (tests/providers/cpu/test_matmulnbit
   q = round_half_even(a * (127 / amax)); each block's dot product with (q_B - zero_point) is
   exact in integers and scaled by a_scale * b_scale, the blocks summed in float32. Anything
   else at level 4 runs in float32, as onnxruntime does.
-- with g_idx, onnxruntime ignores packed uint8 zero points (it uses 2^(bits-1)); onnxkiln
-  applies them, as the op's definition says.
+- with g_idx, onnxruntime ignores packed uint8 zero points (it uses 2^(bits-1)); with a
+  constant B but scales or zero points fed at run time its level-4 results are garbage
+  (relative error ~1). onnxkiln applies the op's definition in both cases.
 
-Paths: with numba, rows of A up to NUMBA_ROWS_MAX go through `_numba_nbits.nbits_tiles`, which
-reads the 4-bit weights (repacked once into column tiles, still 4 bits a value) and never
-builds the float32 matrix; larger products and the numpy fallback use a float32 matrix built
-once per node (the dequantized weights for the float levels, (q - zero_point) for level 4)
-and BLAS. Level 4 gives bit-identical results on every path: the per-block dot products are
-exact integers and the blocks are summed in the same order.
+Paths at level 4: with numba, products of up to NUMBA_ROWS_MAX rows of A (decode steps, small
+batches) read the packed weights, never a float32 matrix: 4-bit weights on CPUs with AVX-512
+VNNI through `_numba_nbits.nbits_vnni` (vpdpbusd: int8 x uint4 in int32), everything else
+through `nbits_tiles` (exact integer sums in float32 arithmetic). The numpy fallback forms the
+same per-block integer products with BLAS. All three give the same bits: the per-block dot
+products are exact integers and the blocks are scaled and summed in the same order. Larger
+products (prefill) multiply the dequantized int8 activations by float32 weights built once
+per node in one GEMM, with and without numba (onnxruntime's numbers to float rounding). The
+float levels use that float32 matrix and BLAS.
 """
 
 from __future__ import annotations
@@ -382,6 +386,24 @@ def _geometry(info: NodeInfo) -> _NBitsGeometry:
     return _NBitsGeometry(k, n, bits, block, n_blocks, block * bits // 8)
 
 
+def _check(g: _NBitsGeometry, a: np.ndarray, bias: np.ndarray | None) -> None:
+    if a.ndim < 1 or a.shape[-1] != g.k:
+        raise ValueError(f"{OP}: A's last dim must be K = {g.k}, got shape {a.shape}")
+    if a.dtype not in _FLOATS:
+        raise TypeError(f"{OP}: A must be float32/float16/bfloat16, got {a.dtype}")
+    if bias is not None and bias.size != g.n:
+        raise ValueError(f"{OP}: bias must have N = {g.n} values, got shape {bias.shape}")
+
+
+def _finish(g: _NBitsGeometry, y2: np.ndarray, a: np.ndarray, bias: np.ndarray | None
+            ) -> np.ndarray:
+    """The (M, N) float32 product shaped like A, plus bias, in A's dtype."""
+    y = y2.reshape(*a.shape[:-1], g.n)
+    if bias is not None:
+        y += bias.reshape(g.n).astype(_F32, copy=False)
+    return y if a.dtype == _F32 else y.astype(a.dtype)
+
+
 @kernel("MatMulNBits", since=1, domain=MS, factory=True, variant="matmulnbits.fp32_blas")
 def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Y = A @ dequantize(B).T (+ bias) at onnxruntime's precision for `accuracy_level`.
@@ -399,23 +421,9 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         engine = NbitsMatMul(g, b0, const[2], const[3], _int8_level(info, g.bits, g.block,
                                                                      static))
 
-    def finish(y2: np.ndarray, a: np.ndarray, bias) -> np.ndarray:
-        y = y2.reshape(*a.shape[:-1], g.n)
-        if bias is not None:
-            y += bias.reshape(g.n).astype(_F32, copy=False)
-        return y if a.dtype == _F32 else y.astype(a.dtype)
-
-    def check(a: np.ndarray, bias) -> None:
-        if a.ndim < 1 or a.shape[-1] != g.k:
-            raise ValueError(f"{OP}: A's last dim must be K = {g.k}, got shape {a.shape}")
-        if a.dtype not in _FLOATS:
-            raise TypeError(f"{OP}: A must be float32/float16/bfloat16, got {a.dtype}")
-        if bias is not None and bias.size != g.n:
-            raise ValueError(f"{OP}: bias must have N = {g.n} values, got shape {bias.shape}")
-
     def run(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points=None, g_idx=None,
             bias=None) -> np.ndarray:
-        check(a, bias)
+        _check(g, a, bias)
         a2 = a.reshape(-1, g.k).astype(_F32, copy=False)
         if engine is not None:
             call, run.variant, run.variant_reason = engine.product(a2.shape[0])
@@ -424,7 +432,7 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
             y2 = np.zeros((a2.shape[0], g.n), _F32)
         else:
             y2 = a2 @ _nbits_weight(g, b, scales, zero_points, g_idx).T
-        return finish(y2, a, bias)
+        return _finish(g, y2, a, bias)
 
     def specialize(dtypes, shapes, consts):
         """The product for one shape of A: its path (numba kernel or BLAS) chosen once."""
@@ -437,8 +445,8 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         call, variant, why = engine.product(m)
 
         def special(a, b, scales, zero_points=None, g_idx=None, bias=None):
-            check(a, bias)
-            return finish(call(a.reshape(m, g.k).astype(_F32, copy=False)), a, bias)
+            _check(g, a, bias)
+            return _finish(g, call(a.reshape(m, g.k).astype(_F32, copy=False)), a, bias)
 
         special.variant, special.variant_reason = variant, why
         return special
@@ -446,7 +454,7 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
     run.variant = "matmulnbits.fp32_blas"  # until a run chooses (building loads no numba)
     run.variant_reason = None
     if engine is not None:
-        run.variant = ("matmulnbits.int8_numba" if engine.fast is not None else
+        run.variant = ("matmulnbits.int8_numba" if engine.fast is not None else  # or _vnni
                        f"matmulnbits.{'int8' if engine.int8 else 'fp32'}_blas")
     run.specialize = specialize
     return run
