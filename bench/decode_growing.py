@@ -110,8 +110,10 @@ def loop_replay(s: ok.InferenceSession, io: DecoderIO, steps: int, capacity: int
         ids.write(np.array([[out[-1]]], np.int64))
         mask.set_logical_shape((1, len(PROMPT) + step + 1))
         if step == 0:
-            assert s.try_capture_with_device_bindings({}, binds).captured
+            res = s.try_capture_with_device_bindings({}, binds)
+            assert res.captured
             info["capture_ms"] = (time.perf_counter() - t) * 1e3
+            info["segments"], info["seams"] = res.segments, len(s.capture_segmentation())
         elif s.replay_device_graph(binds):
             info["replayed"] += 1
         else:
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = ort.InferenceSession(str(io.model_path), so, providers=["CPUExecutionProvider"])
     vocab = ref.get_outputs()[0].shape[-1]
     vocab = vocab if isinstance(vocab, int) else 512
-    capacity = len(PROMPT) + args.steps + 1
+    capacity = len(PROMPT) + max(args.steps, 6) + 1  # the capture-cost loops run 6 steps
 
     def session() -> ok.InferenceSession:
         return ok.InferenceSession.builder().intra_op_threads(1).load(str(io.model_path))
@@ -161,10 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                 toks, ms = loop_memo(memo, io, args.steps, capacity)
             else:
                 toks, ms, info = loop_replay(rep, io, args.steps, capacity, vocab)
-                info.setdefault("captures", []).append(info["capture_ms"])
             tokens[mode] = toks
             steady[mode].append(statistics.median(ms[2:]))
-    return report(args, io, steady, tokens, memo, rep, capacity, vocab)
+    return report(args, io, steady, tokens, memo, rep, capacity, vocab, info)
 
 
 def _capture_cost(s: ok.InferenceSession, io: DecoderIO, capacity: int, vocab: int
@@ -184,7 +185,7 @@ def _capture_cost(s: ok.InferenceSession, io: DecoderIO, capacity: int, vocab: i
 
 def report(args: argparse.Namespace, io: DecoderIO, steady: dict, tokens: dict,
            memo: ok.InferenceSession, rep: ok.InferenceSession, capacity: int,
-           vocab: int) -> int:
+           vocab: int, info: dict) -> int:
     ms = {m: statistics.median(v) for m, v in steady.items()}
     print(f"{args.arch} fp32 hidden {args.hidden}, {args.layers} layers; {args.steps} steps "
           f"after a {len(PROMPT)}-token prompt; {args.rounds} rounds; 1 thread each")
@@ -193,8 +194,8 @@ def report(args: argparse.Namespace, io: DecoderIO, steady: dict, tokens: dict,
     primed, rebuilt, replayed, _ = memo.decode_memo_counts()
     print(f"  memo counts per loop: primed {primed}, rebuilt {rebuilt // args.rounds}, "
           f"replayed {replayed // args.rounds} of {args.steps + 1} runs")
-    print(f"  replay: {rep.captured_graph_segment_count()} segments installed last; seams "
-          f"{len(rep.capture_segmentation())}")
+    print(f"  replay: {info['segments']} captured segments, {info['seams']} seam nodes; "
+          f"{info['replayed']} of {args.steps - 1} replays valid, {info['retired']} retired")
     first = rep  # already captured once per round: the later captures reused the audit
     cap, eager = _capture_cost(first, io, capacity, vocab)
     print(f"  capture step {cap:.2f} ms = {cap / eager:.2f} eager bound steps ({eager:.3f} ms)"

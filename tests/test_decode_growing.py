@@ -531,3 +531,11 @@ def test_torch_export_of_gpt2_captures_once_and_replays_every_step(gpt2_export):
     memo = ok.InferenceSession.builder().providers(["cpu"]).load(str(path))
     for a, b in zip(got, _gpt2_loop(memo, names, 32)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_growing_loop_benchmark_runs_and_its_modes_agree(gqa, capsys):
+    from bench import decode_growing
+
+    assert decode_growing.main(["--hidden", "64", "--steps", "4", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "replayed 3 of 5 runs" in out and "3 of 3 replays valid, 0 retired" in out
