@@ -69,7 +69,10 @@ class GenerateResult:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next token is picked from a row's logits (greedy unless `do_sample`)."""
+    """How the next token is picked from a row's logits: argmax unless `do_sample` (and
+    temperature 0 or top_k 1 are argmax too); else softmax(logits / temperature) over the
+    top_k highest, cut to the smallest set whose mass reaches top_p, drawn from `rng`.
+    `repetition_penalty` first divides positive (multiplies negative) logits of seen tokens."""
 
     do_sample: bool = False
     temperature: float = 1.0
