@@ -74,7 +74,8 @@ class Guard:
 
 
 _CODE: dict[str, Any] = {}
-_CODE_KEPT = 256
+_CODE_KEPT = 64  # a big model's code object is a few MB
+_CODE_LOCK = threading.Lock()
 
 
 def _compiled(source: str, filename: str) -> Any:
@@ -85,9 +86,11 @@ def _compiled(source: str, filename: str) -> Any:
     kernel error still map to its steps (the same source has the same lines)."""
     code = _CODE.get(source)
     if code is None:
-        if len(_CODE) >= _CODE_KEPT:
-            _CODE.pop(next(iter(_CODE)))
-        code = _CODE[source] = compile(source, filename, "exec")
+        code = compile(source, filename, "exec")
+        with _CODE_LOCK:
+            if len(_CODE) >= _CODE_KEPT:
+                _CODE.pop(next(iter(_CODE)))
+            code = _CODE.setdefault(source, code)
     return code
 
 
