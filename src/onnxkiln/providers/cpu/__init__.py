@@ -9,6 +9,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_attention,
     contrib_beam,
     contrib_conv,
+    contrib_dmmha,
     contrib_dqlstm,
     contrib_fused,
     contrib_generation,
