@@ -5,6 +5,8 @@ at both ends, uint8/int8 activations at their limits."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 from contrib_cases_qlinear import _weights
@@ -158,3 +160,49 @@ def dynamic_quantize_lstm(rng):
                           {"hidden_size": hid, "direction": direction}, consts, names,
                           n_out=3, rtol=0, atol=3e-3))  # measured: 1.1e-3 at most
     return cases
+
+
+@spec("QMoE")
+def qmoe(rng):
+    """MoE with 2/4/8-bit expert weights (rows little-endian bit streams, extremes in the first
+    and last slots), per-row or per-block scales, packed zero points or the 2^(bits-1)
+    default. The output is compared relative to its largest value, as the quantized sums
+    are large."""
+    e, hidden, inter, tokens = 4, 32, 32, 5
+    cases = []
+    for bits, block, with_zp, act in ((4, 0, False, "relu"), (4, 16, True, "silu"),
+                                      (8, 32, True, "gelu"), (2, 16, False, "identity")):
+        feeds = {"x": normal(rng, (tokens, hidden)), "r": normal(rng, (tokens, e))}
+        consts, names = {}, ["x", "r"]
+        for j, (n, k) in enumerate(((inter, hidden), (hidden, inter)), start=1):
+            groups = (e, n, k // block) if block else (e, n)
+            consts[f"q{j}"] = pack(_nibbles(rng, (e, n, k), bits), bits)
+            consts[f"s{j}"] = rng.uniform(0.01, 0.06, groups).astype(F32)
+            consts[f"b{j}"] = normal(rng, (e, n), F32, 1 / 3)
+            if with_zp:
+                zq = rng.integers(0, 2**bits, groups)
+                zq.reshape(-1)[:2] = [0, 2**bits - 1]
+                consts[f"z{j}"] = pack(zq, bits)
+            names += [f"q{j}", f"s{j}", f"b{j}"]
+        names += ["", "", ""] + (["z1", "z2"] if with_zp else [])
+        attrs = {"k": 2, "activation_type": act, "normalize_routing_weights": 1,
+                 "expert_weight_bits": bits, "weights_prepacked": 0}
+        if block:
+            attrs["block_size"] = block
+        case = Case(f"bits{bits}-block{block}-zp{int(with_zp)}-{act}", feeds, attrs, consts,
+                    names, rtol=2e-5, atol=2e-4)
+        cases.append(case)
+        if bits == 8 and block:
+            # onnxruntime computes 8-bit block-quantized constant weights on another path
+            # than the same weights fed at run time; onnxkiln agrees with the latter
+            cases[-1] = dataclasses.replace(case, xfail=QMOE_8BIT_BLOCK_CONST)
+            cases.append(dataclasses.replace(case, id=case.id + "-runtime-weights",
+                                             feeds={**feeds, **consts}, consts={}))
+    return cases
+
+
+QMOE_8BIT_BLOCK_CONST = (
+    "onnxruntime 1.32's QMoE gives other values for 8-bit block-quantized weights when they are "
+    "constant initializers than when the same weights are graph inputs: 0.4-0.9% of the "
+    "output's largest value apart (its run-time-weight path and onnxkiln agree to 2e-7); "
+    "a lower-precision prepacked path, to be decided by contrib_qmoe.py's owner")
