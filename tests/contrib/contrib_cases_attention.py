@@ -248,3 +248,38 @@ def embed_layer_normalization(rng):
                   ["ids", "", "word", "pos", "", "gamma", "beta", "", "pid"], n_out=2, rtol=1e-5,
                   atol=1e-5)]
     return cases
+
+
+DMMHA_NAMES = ["q", "k", "v", "mask", "ab", "pk", "pv", "psl", "beam", "ind", "bias"]
+
+
+@spec("DecoderMaskedMultiHeadAttention")
+def decoder_masked_multi_head_attention(rng):
+    """One-token decoder attention over a shared past/present buffer of capacity 7 holding
+    `past` positions (written at past_sequence_length); beams read it through
+    cache_indirection."""
+    heads, d, past, cap = 2, 4, 3, 7
+    cases = []
+    for name, batch, extra in (("plain", 2, {}), ("bias", 2, {"bias"}), ("mask", 2, {"mask"}),
+                               ("attention-bias", 2, {"ab"}), ("beams", 6, {"beam"})):
+        feeds = {n: normal(rng, (batch, 1, heads * d)) for n in ("q", "k", "v")}
+        if "mask" in extra:
+            feeds["mask"] = np.ones((batch, past + 1), I32)
+            feeds["mask"][0, :2] = 0
+        if "ab" in extra:
+            feeds["ab"] = normal(rng, (1, heads, 1, past + 1))
+        for n in ("pk", "pv"):
+            buf = np.zeros((batch, heads, cap, d), F32)
+            buf[:, :, :past] = normal(rng, (batch, heads, past, d))
+            feeds[n] = buf
+        feeds["psl"] = np.array([past], I32)
+        if "beam" in extra:
+            feeds["beam"] = np.array([3], I32)
+            feeds["ind"] = rng.integers(0, 3, (2, 3, cap)).astype(I32)
+        if "bias" in extra:
+            feeds["bias"] = normal(rng, (3 * heads * d,), F32, 0.3)
+        last = max(DMMHA_NAMES.index(n) for n in feeds)
+        names = [n if n in feeds else "" for n in DMMHA_NAMES[:last + 1]]
+        cases.append(Case(name, feeds, {"num_heads": heads, "past_present_share_buffer": 1},
+                          names=names, n_out=3, rtol=1e-5, atol=1e-5))
+    return cases
