@@ -158,6 +158,7 @@ class DeviceGraphs:
                 if not growing:
                     return growing, frozenset()
             shapes.append(rec.values)
+        _check_not_pinned(self._ctx, plan, bindings, growing, shapes, values)
         grown = {s for s, shape in shapes[0].items() if shapes[1].get(s) != shape}
         grown |= set(growing)
         for step in plan.steps:  # copy steps of the bound plan follow their input
@@ -379,6 +380,31 @@ def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[Device
         if len(axes) == 1:
             growing[slot_of[b.input_name]] = axes[0]
     return growing
+
+
+def _check_not_pinned(ctx: CaptureContext, plan: Plan, bindings: Sequence[DeviceIoBinding],
+                      growing: dict[int, int], shapes: list[dict[int, Any]],
+                      values: Sequence[Any]) -> None:
+    """Refuse a capture whose replays could not follow the cache: a growing binding's output
+    that does not grow when its past does is pinned by a frozen input (a plain attention
+    mask given at capture), so every replay would write the same position again."""
+    out_slot = dict(zip(ctx.output_names, ctx.plain.plan.output_slots))
+    slot_of = dict(zip(ctx.input_names, plan.input_slots))
+    pinned = [b for b in bindings if b.input_name and b.output_name
+              and slot_of[b.input_name] in growing
+              and shapes[0].get(out_slot[b.output_name]) == shapes[1].get(
+                  out_slot[b.output_name])]
+    if not pinned:
+        return
+    bound = {b.input_name for b in bindings if b.input_name}
+    plain = [f"'{n}' {tuple(v.shape)}" for n, v in zip(ctx.input_names, values)
+             if n not in bound and hasattr(v, "shape")]
+    raise CaptureError(
+        f"{pinned[0]!r} grows each step, but its output keeps its length when the past "
+        f"grows: a plain input frozen at capture fixes it ({', '.join(plain) or 'none'}). "
+        "Bind what changes with the cache (e.g. the attention mask: allocate_device_binding "
+        "with the cache's capacity, set_logical_shape each step) instead of passing it in "
+        "inputs; nothing was recorded")
 
 
 def _extended(value: Any, axis: int, extra: int) -> Any:
