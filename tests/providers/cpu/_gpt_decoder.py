@@ -122,3 +122,16 @@ def search_model(op: str, feeds: dict, n_outputs: int = 1, graph=None, **attrs) 
 
 def scalar(v, dtype=np.int32) -> np.ndarray:
     return np.array([v], dtype)
+
+
+def with_outer_weights(op: str, feeds: dict, names=("E", "Wout"), **attrs) -> onnx.ModelProto:
+    """A search model whose decoder reads some weights from the main graph (as
+    convert_generation writes it when it shares initializers between subgraphs)."""
+    g = decoder_graph()
+    moved = [t for t in g.initializer if t.name in names]
+    keep = [t for t in g.initializer if t.name not in names]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    m = search_model(op, feeds, graph=g, **attrs)
+    m.graph.initializer.extend(moved)
+    return m

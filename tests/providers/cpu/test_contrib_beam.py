@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _gpt_decoder import decoder_graph, scalar, search_model
+from _gpt_decoder import decoder_graph, scalar, search_model, with_outer_weights
 
 from onnxkiln.errors import SessionError
 from onnxkiln.testing import run_ort, run_ours
@@ -78,6 +78,14 @@ def test_beam_search_other_decoder_and_init_decoder():
     f = feeds(ids=IDS[:1], max_length=14)
     check(f, eos_token_id=5, pad_token_id=0, decoder=decoder_graph(seed=9, layers=3),
           init_decoder=decoder_graph(seed=10, layers=3, name="init"))
+
+
+def test_beam_search_decoder_reading_outer_scope_weights():
+    f = feeds()
+    m = with_outer_weights("BeamSearch", f, n_outputs=3, eos_token_id=3, pad_token_id=0)
+    ours, theirs = run_ours(m, f), run_ort(m, f)
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-4)
 
 
 def test_beam_search_beats_greedy_score():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _gpt_decoder import decoder_graph, scalar, search_model
+from _gpt_decoder import decoder_graph, scalar, search_model, with_outer_weights
 
 from onnxkiln.errors import SessionError
 from onnxkiln.testing import run_ort, run_ours
@@ -83,6 +83,11 @@ def test_greedy_init_decoder_runs_first():
     out = assert_sequences_match(m, BASE, 0)
     plain = run_ours(search_model("GreedySearch", BASE, eos_token_id=3, pad_token_id=0), BASE)
     assert not np.array_equal(out, plain[0])
+
+
+def test_greedy_decoder_reading_outer_scope_weights():
+    m = with_outer_weights("GreedySearch", BASE, eos_token_id=3, pad_token_id=0)
+    assert_sequences_match(m, BASE, 0)
 
 
 @pytest.mark.parametrize("layers,seed", [(1, 0), (1, 2), (3, 4)])
