@@ -97,7 +97,7 @@ def _regressors():
     return cases
 
 
-def _clf(name, labels, weights_per_leaf, attrs=None, **kw):
+def _clf(name, labels, weights_per_leaf, attrs=None, x=X, **kw):
     """A TreeEnsembleClassifier over TREES; `weights_per_leaf` class ids get a weight each."""
     a = {"class_treeids": [], "class_nodeids": [], "class_ids": [], "class_weights": []}
     for t, nid in leaves():
@@ -106,7 +106,7 @@ def _clf(name, labels, weights_per_leaf, attrs=None, **kw):
                 a[k].append(val)
     key = "classlabels_strings" if isinstance(labels[0], str) else "classlabels_int64s"
     out = (("y", STRING if isinstance(labels[0], str) else INT64), ("z", FLOAT))
-    return MlCase(f"tec-{name}", "TreeEnsembleClassifier", {"x": X},
+    return MlCase(f"tec-{name}", "TreeEnsembleClassifier", {"x": x},
                   {**forest(), **a, key: labels, **(attrs or {})}, out, rtol=1e-5, atol=1e-6,
                   **kw)
 
@@ -196,7 +196,21 @@ def _tree_ensemble_5():
     return cases
 
 
-CASES = [*_regressors(), *_classifiers(), *_tree_ensemble_5()]
+def _many_rows():
+    """37 rows: the numba walk's blocks of 8 (sample, tree) chains, full and partial."""
+    x = RNG.standard_normal((37, 3)).astype(F32)
+    x[::5, 1] = np.nan
+    legacy = {**forest(), **regressor_targets(2)}
+    return [
+        MlCase("ter-many-rows", "TreeEnsembleRegressor", {"x": x},
+               {**legacy, "n_targets": 2, "aggregate_function": "AVERAGE"}),
+        MlCase("te5-many-rows", "TreeEnsemble", {"x": x}, _v5(legacy, "target", 2),
+               ml_opset=5),
+        _clf("many-rows-softmax", [0, 1, 2], [0, 1, 2], {"post_transform": "SOFTMAX"}, x=x),
+    ]
+
+
+CASES = [*_regressors(), *_classifiers(), *_tree_ensemble_5(), *_many_rows()]
 
 
 @pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
