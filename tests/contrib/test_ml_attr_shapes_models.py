@@ -136,7 +136,22 @@ def _svm():
     return cases
 
 
-CASES = [*_linear(), *_svm()]
+def _many_rows():
+    """41 rows through the numba score finishing and SVC voting loops."""
+    x = RNG.standard_normal((41, 3)).astype(F32)
+    a = _svm_attrs("RBF", 3, [2, 1, 2])
+    return [
+        MlCase("svc-3-prob-many-rows", "SVMClassifier", {"x": x},
+               {**a, "classlabels_ints": [1, 2, 3], "prob_a": [-1.0, -2.0, -0.5],
+                "prob_b": [0.1, 0.0, -0.1]}, _clf_outputs([0]), rtol=1e-4, atol=1e-5),
+        MlCase("linear-clf-3-softmax-many-rows", "LinearClassifier", {"x": x},
+               {"coefficients": RNG.standard_normal(9).tolist(), "intercepts": [0.1, 0, -0.1],
+                "classlabels_strings": ["a", "b", "c"], "post_transform": "SOFTMAX"},
+               _clf_outputs(["a"]), rtol=1e-5, atol=1e-6),
+    ]
+
+
+CASES = [*_linear(), *_svm(), *_many_rows()]
 
 
 @pytest.mark.parametrize("numba_on", [True, False], ids=["numba", "numpy"])
