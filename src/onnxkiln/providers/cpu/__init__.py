@@ -8,6 +8,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     cast,
     contrib_attention,
     contrib_beam,
+    contrib_causalconv,
     contrib_conv,
     contrib_dmmha,
     contrib_dqlstm,
