@@ -274,3 +274,22 @@ def nbits_quantize_vnni(x, k_len, block, qa, a_sum, a_scale):
                     qa[m, k, g, r] = np.int8(q)
                     total += q
             a_sum[m, k] = total
+
+
+def nbits_requantize(x, k_len, block, out):
+    """out (M, K) = x quantized to int8 per block as nbits_quantize does, times the block's
+    scale: the activations level 4 multiplies, for one GEMM on float32 weights (prefill)."""
+    m_len = x.shape[0]
+    for m in range(m_len):
+        for k0 in range(0, k_len, block):
+            k1 = min(k0 + block, k_len)
+            amax = np.float32(0.0)
+            for i in range(k0, k1):
+                v = abs(x[m, i])
+                if v > amax:
+                    amax = v
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+            scale = amax / np.float32(127.0)
+            for i in range(k0, k1):
+                q = min(max(np.rint(x[m, i] * inv), np.float32(-128.0)), np.float32(127.0))
+                out[m, i] = q * scale

@@ -40,6 +40,7 @@ import numpy as np
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _numba
+from onnxkiln.providers.cpu._gemm import THIN_CHUNKS, timed_split
 from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -55,7 +56,6 @@ VNNI_TILE = 16
 NUMBA_ROWS_MAX = 16
 """Rows of A up to which the numba kernel runs (decode steps, small batches); beyond, BLAS on
 the float32 matrix wins: it computes each weight once for all rows."""
-SPLIT_MIN_WEIGHTS = 1 << 16  # products with fewer weights run on one thread
 INT8_BLOCKS_2BIT = (32, 64, 128)  # the block sizes onnxruntime's 2-bit int8 kernel takes
 
 
@@ -203,6 +203,7 @@ class NbitsMatMul:
         self._tiled_vnni: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.fast = _numba.lazy("nbits_tiles", _F32) if int8 else None
         self.quant = _numba.lazy("nbits_quantize", _F32) if int8 else None
+        self.requant = _numba.lazy("nbits_requantize", _F32) if int8 else None
         vnni = int8 and g.bits == 4
         self.vnni = _numba.lazy("nbits_vnni", _F32) if vnni else None
         self.quant_vnni = _numba.lazy("nbits_quantize_vnni", _F32) if vnni else None
@@ -259,6 +260,16 @@ class NbitsMatMul:
         np.clip(q, -128, 127, out=q)
         return q, (amax / _F32.type(127)).astype(_F32)
 
+    def requantized(self, a2: np.ndarray) -> np.ndarray:
+        """(M, K) float32: A's int8 values times their block scales (level 4's activations)."""
+        if self.requant is not None and self.requant.ready():
+            out = np.empty(a2.shape, _F32)
+            self.requant.fn(np.ascontiguousarray(a2, _F32), self.g.k, self.g.block, out)
+            return out
+        q, sc = self.quantize(a2)
+        q *= sc[:, :, None]
+        return q.reshape(a2.shape[0], -1)[:, : self.g.k]
+
     # ------------------------------------------------------------------ products
     def numpy_product(self, a2: np.ndarray) -> np.ndarray:
         """(M, N) through BLAS. Level 4 with up to NUMBA_ROWS_MAX rows takes the exact
@@ -267,10 +278,9 @@ class NbitsMatMul:
         rounding, at GEMM speed)."""
         if not self.int8:
             return a2 @ self.dense()
-        q, sc = self.quantize(a2)
         if a2.shape[0] > NUMBA_ROWS_MAX:
-            q *= sc[:, :, None]
-            return q.reshape(a2.shape[0], -1)[:, : self.g.k] @ self.dense()
+            return self.requantized(a2) @ self.dense()
+        q, sc = self.quantize(a2)
         dots = np.matmul(q.transpose(1, 0, 2), self.ints())  # (k_blocks, M, N), exact
         y = np.zeros(dots.shape[1:], _F32)
         s = self._s
@@ -314,23 +324,27 @@ class NbitsMatMul:
             def quantize(a2, c, a_sum, a_scale):
                 quant(a2, g.k, g.block, g.bits, c, a_sum, a_scale)
         n_tiles = -(-g.n // width)
-        threads = active_threads()
-        parts = min(n_tiles, 4 * threads) if threads > 1 and g.k * g.n >= SPLIT_MIN_WEIGHTS \
-            else 1
-        bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
 
-        def call(a2: np.ndarray) -> np.ndarray:
-            c = np.empty(planes, dt)
-            a_sum, a_scale = np.empty((m, nb), _F32), np.empty((m, nb), _F32)
-            quantize(np.ascontiguousarray(a2, _F32), c, a_sum, a_scale)
-            y = np.empty((m, g.n), _F32)
-            if parts == 1:
-                kernel(c, a_sum, a_scale, y, 0, n_tiles)
-            else:
-                parallel_for(parts, lambda i: kernel(c, a_sum, a_scale, y, *bounds[i]))
-            return y
+        def split(parts: int) -> Callable[[np.ndarray], np.ndarray]:
+            bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
 
-        return call, name
+            def call(a2: np.ndarray) -> np.ndarray:
+                c = np.empty(planes, dt)
+                a_sum, a_scale = np.empty((m, nb), _F32), np.empty((m, nb), _F32)
+                quantize(np.ascontiguousarray(a2, _F32), c, a_sum, a_scale)
+                y = np.empty((m, g.n), _F32)
+                if parts == 1:
+                    kernel(c, a_sum, a_scale, y, 0, n_tiles)
+                else:
+                    parallel_for(parts, lambda i: kernel(c, a_sum, a_scale, y, *bounds[i]))
+                return y
+
+            return call
+
+        # column chunks across the pool only once a whole call shows itself slow enough
+        # (timed_split): waking a worker costs more than small products take
+        parts = min(n_tiles, THIN_CHUNKS * active_threads())
+        return timed_split(split(1), split(parts) if parts > 1 else None), name
 
     def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str, str | None]:
         """(call, variant, why not the numba kernel or None) for products of m rows."""
@@ -500,6 +514,15 @@ def _signature_quantize_vnni(dt: np.dtype):
             types.Array(f, 2, "C"), types.Array(f, 2, "C"))
 
 
+def _signature_requantize(dt: np.dtype):
+    from numba import types
+
+    f, i64 = types.float32, types.int64
+    return (types.Array(f, 2, "C", readonly=True), i64, i64, types.Array(f, 2, "C"))
+
+
+_numba.register("nbits_requantize", "onnxkiln.providers.cpu._numba_nbits",
+                _signature_requantize, (_F32,))
 _numba.register("nbits_vnni", "onnxkiln.providers.cpu._numba_nbits", _signature_vnni, (_F32,))
 _numba.register("nbits_quantize_vnni", "onnxkiln.providers.cpu._numba_nbits",
                 _signature_quantize_vnni, (_F32,))
