@@ -242,6 +242,7 @@ def test_a_new_binding_set_reuses_the_probe_audit_and_code_of_the_plan(decoder, 
     monkeypatch.setattr(device_graph.DeviceGraphs, "_probe",
                         lambda self, *a: probes.append(1) or probe(self, *a))
     compiled = []
+    monkeypatch.setattr(executor, "_CODE", {})  # as in a fresh process
     monkeypatch.setattr(executor, "compile", lambda *a: compiled.append(a[1]) or compile(*a),
                         raising=False)
 

@@ -73,24 +73,26 @@ class Guard:
     shapes: tuple[tuple[int, tuple[int, ...]], ...]
 
 
-_CODE: dict[str, Any] = {}
+_CODE: dict[Any, Any] = {}
 _CODE_KEPT = 64  # a big model's code object is a few MB
 _CODE_LOCK = threading.Lock()
 
 
-def _compiled(source: str, filename: str) -> Any:
+def _compiled(source: str, filename: str, exact: bool = False) -> Any:
     """The code object of generated `source`, compiled once per source text: plans of one
     structure (the binding plans of each new binding set, the replay of each capture of a
     plan) differ only in the kernels and constants their namespace binds. A hit carries the
     filename of the plan that compiled it first: the caller adopts it, so the lines of a
-    kernel error still map to its steps (the same source has the same lines)."""
-    code = _CODE.get(source)
+    kernel error still map to its steps (the same source has the same lines). `exact`: the
+    code must carry `filename` (a plan's hooked variant, whose filename is already set)."""
+    key = (source, filename) if exact else source
+    code = _CODE.get(key)
     if code is None:
         code = compile(source, filename, "exec")
         with _CODE_LOCK:
             if len(_CODE) >= _CODE_KEPT:
                 _CODE.pop(next(iter(_CODE)))
-            code = _CODE.setdefault(source, code)
+            code = _CODE.setdefault(key, code)
     return code
 
 
@@ -158,10 +160,7 @@ class CompiledPlan:
         fn = self._hooked_fn
         if fn is None:
             padded = "\n" * self._hooked_line0 + self._hooked_source  # keep line numbers
-            code = _compiled(padded, self.filename)
-            if code.co_filename != self.filename:  # first compiled for another structure
-                code = compile(padded, self.filename, "exec")
-            exec(code, self._namespace)
+            exec(_compiled(padded, self.filename, exact=True), self._namespace)
             fn = self._hooked_fn = self._namespace["run_hooked"]
         return fn(inputs, hooks)
 
