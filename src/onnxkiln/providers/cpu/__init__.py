@@ -15,6 +15,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_fused,
     contrib_generation,
     contrib_gqa,
+    contrib_linattn,
     contrib_misc,
     contrib_moe,
     contrib_norm,
