@@ -8,7 +8,7 @@
 The loop keeps the KV cache in device bindings (`run_with_device_bindings`: the present is
 written into the past's buffer, O(1) per token), so the decode memo replays every step; on a
 device (and with `path="captured"`) the decode step is recorded once and replayed. On the CPU
-a replay measured no faster than the memo (bench/decode_real.py), so "auto" binds there.
+a replay measured within noise of the memo (bench/decode_real.py), so "auto" binds there.
 Where a faster path does not apply it falls back (bindings refused: plain `run`; capture
 declined: the bound step) and says why in `GenerateResult.fallbacks`. Input names and the
 KV layout come from onnxruntime-genai's `genai_config.json` beside the model when there is
