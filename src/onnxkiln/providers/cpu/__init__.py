@@ -13,6 +13,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_dmmha,
     contrib_dqlstm,
     contrib_fused,
+    contrib_gdn,
     contrib_generation,
     contrib_gqa,
     contrib_linattn,
