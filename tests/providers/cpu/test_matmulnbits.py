@@ -258,3 +258,27 @@ def test_bad_activations_refused():
     sess = InferenceSession.builder().from_graph(model)
     with pytest.raises(SessionError, match="A's last dim must be K = 64"):
         sess.run({"A": np.zeros((2, 63), F32)})
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_column_chunks_across_threads_give_the_same_bits(vnni, monkeypatch):
+    """The kernel's column tiles split across the pool (forced: no timing threshold) give
+    the single-thread result exactly."""
+    pytest.importorskip("numba", reason="numba (the `fast` extra) is not installed")
+    from onnxkiln.pool import pool_for
+    from onnxkiln.providers.cpu import _gemm
+
+    rng = np.random.default_rng(12)
+    inits, names = weights(rng, 256, 200, 4, 32, "packed")
+    model = nbits_model(256, 200, 4, 32, 4, inits, names)
+    feeds = {"A": rng.standard_normal((3, 256)).astype(F32)}
+    monkeypatch.setattr(contrib_nbits, "VNNI", vnni)
+    one = InferenceSession.builder().intra_op_threads(1).from_graph(model)
+    expected = [one.run(feeds)[0] for _ in range(3)][-1]
+    monkeypatch.setattr(_gemm, "SPLIT_MIN_S", 0.0)
+    pool = pool_for(2)
+    before = pool.dispatched + pool.inline  # inline: the pool backed off (a busy machine)
+    two = InferenceSession.builder().intra_op_threads(2).from_graph(model)
+    for _ in range(3):
+        np.testing.assert_array_equal(two.run(feeds)[0], expected)
+    assert pool.dispatched + pool.inline > before
