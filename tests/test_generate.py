@@ -357,3 +357,65 @@ def test_decode_real_bench_runs_and_agrees_with_onnxruntime(tmp_path, capsys):
                                                        "ok-captured"}
     assert all(r.get("tokens_match", True) and r["tok_s"] > 0 for r in rows), rows
     assert "x ort-loop" in capsys.readouterr().out
+
+
+def _combined_kv_decoder(vocab=32, heads=2, d=4, seed=1) -> onnx.ModelProto:
+    """A toy decoder whose cache is one [2, batch, heads, past, d] entry per layer
+    (`past_key_values.0` -> `present.0`, the older exporters' form); the logits read the
+    mean over the whole cache, so every step depends on the past."""
+    rng = np.random.default_rng(seed)
+    hidden = heads * d
+    inits = {"wte": rng.standard_normal((vocab, hidden)).astype(np.float32),
+             "wout": rng.standard_normal((hidden, vocab)).astype(np.float32),
+             "split": np.array([0, 0, heads, d], np.int64), "ax0": np.array([0], np.int64),
+             "axes": np.array([0, 3], np.int64), "merge": np.array([0, 1, hidden], np.int64)}
+    n = helper.make_node
+    nodes = [n("Gather", ["wte", "input_ids"], ["e"]), n("Reshape", ["e", "split"], ["e4"]),
+             n("Transpose", ["e4"], ["kv"], perm=[0, 2, 1, 3]),
+             n("Unsqueeze", ["kv", "ax0"], ["kv1"]), n("Concat", ["kv1", "kv1"], ["kv2"], axis=0),
+             n("Concat", ["past_key_values.0", "kv2"], ["present.0"], axis=3),
+             n("ReduceMean", ["present.0", "axes"], ["pooled"], keepdims=0),
+             n("Reshape", ["pooled", "merge"], ["h"]), n("MatMul", ["h", "wout"], ["logits"])]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "combined_kv",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("past_key_values.0", f32,
+                                       [2, "batch", heads, "past_sequence", d])],
+        [helper.make_tensor_value_info("logits", f32, ["batch", 1, vocab]),
+         helper.make_tensor_value_info("present.0", f32, [2, "batch", heads, "total", d])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_combined_past_key_values_entry_is_inferred_and_decoded(path):
+    model = _combined_kv_decoder()
+    session = ok.InferenceSession.from_graph(model)
+    layout = DecoderLayout.infer(session)
+    assert (layout.past, layout.present) == (("past_key_values.0",), ("present.0",))
+    assert (layout.batch_axis, layout.seq_axis, layout.kv_dims) == (1, 3, (2, 0, 2, 0, 4))
+    reference = _ort_load_bytes(model)
+    past, ids, expected = np.zeros((2, 1, 2, 0, 4), np.float32), np.array([[3, 1, 4]]), []
+    for _ in range(8):  # onnxruntime's plain loop
+        logits, past = reference.run(None, {"input_ids": ids, "past_key_values.0": past})
+        expected.append(int(logits[0, -1].argmax()))
+        ids = np.array([[expected[-1]]])
+    result = generate(session, [3, 1, 4], max_new_tokens=8, eos_token_id=None, path=path)
+    assert result.tokens[0] == expected and result.path == path
+
+
+def _ort_load_bytes(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_bindings_refused_fall_back_to_plain_run(monkeypatch, zoo_folder):
+    session = ok.InferenceSession.from_graph(zoo.gpt_decoder_step())
+
+    def refuse(*args, **kwargs):
+        raise ok.DeviceBindingError("no bindings on this provider")
+
+    monkeypatch.setattr(session, "allocate_device_binding", refuse)
+    result = generate(session, [5, 6, 7], max_new_tokens=5, eos_token_id=None)
+    assert result.path == "plain" and result.fallbacks == ["bound: no bindings on this provider"]
+    assert result.tokens[0] == _ref(zoo_folder, [5, 6, 7], 5)
