@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _capture_cost(s: ok.InferenceSession, io: DecoderIO, capacity: int, vocab: int
                   ) -> tuple[float, float]:
-    """(capture ms, eager bound step ms) on a fresh binding set of `s` (median of 3)."""
+    """(capture ms, eager bound step ms) on a fresh binding set of `s` (median of 7)."""
     caps, eager = [], []
-    for _ in range(3):
+    for _ in range(7):
         _, ms, info = loop_replay(s, io, 2, capacity, vocab)
         caps.append(info["capture_ms"])
     memo = ok.InferenceSession.builder().intra_op_threads(1).option("decode.memo", "0").load(
