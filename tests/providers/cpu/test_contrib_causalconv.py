@@ -85,3 +85,59 @@ def test_causal_conv_refuses_bad_state():
     m, feeds = case(override={"p": np.zeros((2, 3, 2), F32)})
     with pytest.raises(SessionError, match="past_state must be"):
         run_ours(m, feeds)
+
+
+# VarlenCausalConvWithState ---------------------------------------------------------------
+
+
+def varlen_case(cu=(0, 3, 4, 9), c=5, k=4, dil=1, bias=True, cap=0, counts=None, dtype=F32,
+                **attrs):
+    t, s, b = cu[-1], (k - 1) * dil, len(cu) - 1
+    f = {"x": RNG.standard_normal((t, c)).astype(dtype),
+         "w": RNG.standard_normal((c, 1, k)).astype(dtype), "cu": np.array(cu, np.int32)}
+    names = ["x", "w", "cu", "b" if bias else ""]
+    if bias:
+        f["b"] = RNG.standard_normal(c).astype(dtype)
+    f["s"] = RNG.standard_normal((b, c, s)).astype(dtype)
+    names.append("s")
+    if counts is not None:
+        f["n"] = np.array(counts, np.int32)
+        names.append("n")
+    attrs = {"activation": "silu", "dilation": dil, "state_update_capacity": cap, **attrs}
+    m = node_model("VarlenCausalConvWithState", f, n_outputs=3 if cap else 2,
+                   domain="com.microsoft", input_names=names, **attrs)
+    return m, f
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"dil": 2}, {"activation": "none", "bias": False}, {"cu": (0, 1, 2)}, {"k": 2},
+    {"cap": 3, "counts": [1, 5, 2]}, {"cap": 8, "counts": [0, 1, 9]},
+])
+def test_varlen_causal_conv_matches(kw):
+    check(*varlen_case(**kw))
+
+
+def test_varlen_causal_conv_float16():
+    check(*varlen_case(dtype=np.float16), tol=2e-3)
+
+
+def test_varlen_equals_one_causal_conv_per_request():
+    m, f = varlen_case(cu=(0, 4, 6))
+    out, final = run_ours(m, f)
+    for r, (lo, hi) in enumerate([(0, 4), (4, 6)]):
+        one, feeds = case(b=1, c=5, length=hi - lo, override={
+            "x": f["x"][lo:hi].T[None], "w": f["w"], "b": f["b"], "p": f["s"][r:r + 1]})
+        y, st = run_ours(one, feeds)
+        np.testing.assert_allclose(out[lo:hi], y[0].T, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(final[r], st[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"cu": (0, 3, 3, 9)}, "must rise strictly"),
+    ({"cap": 2}, "capture_count"),
+    ({"dil": 0}, "dilation >= 1"),
+])
+def test_varlen_causal_conv_refuses(kw, match):
+    m, f = varlen_case(**kw)
+    with pytest.raises(SessionError, match=match):
+        run_ours(m, f)
