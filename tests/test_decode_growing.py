@@ -566,3 +566,24 @@ def test_a_plain_mask_frozen_into_a_growing_capture_is_refused(gqa):
         s.try_capture_with_device_bindings(mask, binds)
     assert s.captured_graph_segment_count() == 0
     assert kv[0].logical_shape[2] == 3  # nothing ran
+
+
+def test_a_replay_whose_append_moved_otherwise_reruns_on_the_ordinary_path(decoder, monkeypatch):
+    """When an append added another count than the re-sliced views were cut for, the step is
+    run again from the lengths before it (its writes land where they did): same results."""
+    from onnxkiln import decode
+
+    s = _session(decoder, "basic")
+    calls = []
+    held = decode.appends_held
+
+    def once_not(cuts, bindings, before):
+        calls.append(1)
+        return held(cuts, bindings, before) and len(calls) != 3
+
+    monkeypatch.setattr(decode, "appends_held", once_not)
+    logits, kv = _memo_loop(s, 8)
+    assert len(calls) >= 3  # the re-sliced replays checked their appends
+    assert kv[0].logical_shape == (1, H, 3 + 8, D)
+    for a, b in zip(logits, _reference(_session(decoder, "basic").run, 8)):
+        np.testing.assert_array_equal(a, b)
