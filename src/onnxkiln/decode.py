@@ -277,7 +277,7 @@ class DecodeMemo:
             self._check_dims(entry, values, shapes)
         key = (frozenset(stable), entry.plain_now)
         plan, cuts = entry.view_plan, []
-        if plan is None or plan[0] != key:
+        if plan is None or plan[0] != key or not all(c.source.holds(bindings) for c in plan[3]):
             outputs = self._record_view_plan(entry, key, values, bindings, shapes, trace)
             self._views_reused += len(stable)
         else:

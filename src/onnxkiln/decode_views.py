@@ -37,6 +37,13 @@ class Source:
     delta: int
     appended: int | None = None  # from an append: the positions it added when recorded
 
+    def holds(self, bindings: Sequence[DeviceIoBinding]) -> bool:
+        """Whether the binding still differs from its capacity on `binding_axis` only (as
+        when recorded): the cut is the whole view then."""
+        b = bindings[self.binding]
+        return all(n == p or a == self.binding_axis
+                   for a, (n, p) in enumerate(zip(b.logical_shape, b.physical_shape)))
+
     def value(self, bindings: Sequence[DeviceIoBinding]) -> Any:
         n = bindings[self.binding].logical_shape[self.binding_axis] + self.delta
         return self.full[(slice(None),) * self.axis + (slice(0, n),)]
