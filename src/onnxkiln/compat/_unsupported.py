@@ -10,6 +10,7 @@ from typing import Any
 from onnxkiln.compat._errors import NotImplemented as OrtNotImplemented
 
 __all__ = [
+    "CLASS_CONSTRUCTORS",
     "METHODS",
     "MODULE_CLASSES",
     "MODULE_FUNCTIONS",
@@ -35,6 +36,11 @@ MODULE_CLASSES = {
     "LoraAdapter": "onnxkiln does not load LoRA adapters",
     "ModelCompiler": "onnxkiln has no model compiler (see onnxkiln's EPContext export)",
     "SparseTensor": _NO_SPARSE,
+}
+# refused class -> its class-level constructors, refused by name too
+CLASS_CONSTRUCTORS = {
+    "AdapterFormat": ("read_adapter",),
+    "SparseTensor": ("sparse_coo_from_numpy", "sparse_csr_from_numpy"),
 }
 # class name -> {method: why}
 METHODS = {
@@ -68,10 +74,14 @@ def refusal(call: str, why: str) -> Callable[..., Any]:
 
 
 def refused_class(name: str, why: str) -> type:
-    """A class whose construction raises NotImplemented naming it."""
+    """A class whose construction (and class-level constructors) raise NotImplemented
+    naming it."""
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         refusal(name, why)()
-    return type(name, (), {"__init__": __init__, "__doc__": f"Not supported: {why}.",
+    members: dict[str, Any] = {
+        method: staticmethod(refusal(f"{name}.{method}", why))
+        for method in CLASS_CONSTRUCTORS.get(name, ())}
+    return type(name, (), {**members, "__init__": __init__, "__doc__": f"Not supported: {why}.",
                            "__module__": "onnxkiln.compat"})
 
 
