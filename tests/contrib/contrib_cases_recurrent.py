@@ -1,0 +1,122 @@
+"""Generated cases for the recurrent-state ops of linear-attention models (contrib_linattn.py,
+contrib_gdn.py, contrib_causalconv.py): LinearAttention and its gate, GatedDeltaNet's update
+rules and packings, and the causal convolutions with a carried state."""
+
+from __future__ import annotations
+
+import numpy as np
+from contrib_harness import F16, F32, I32, Case, normal, spec
+
+RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+@spec("LinearAttention")
+def linear_attention(rng):
+    """[B, T, H*D] q/k/v, a (B, H_kv, d_k, d_v) state, decay per head (or per key dim) and
+    beta per head; 4 query heads sharing 2 KV heads."""
+    b, t, hq, hkv, dk, dv = 2, 4, 4, 2, 4, 3
+    cases = []
+    for rule in RULES:
+        for past in (True, False):
+            feeds = {"q": normal(rng, (b, t, hq * dk)),
+                     "k": normal(rng, (b, t, hkv * dk), F32, 0.5),
+                     "v": normal(rng, (b, t, hkv * dv))}
+            names = ["q", "k", "v", "s" if past else ""]
+            if past:
+                feeds["s"] = normal(rng, (b, hkv, dk, dv), F32, 0.3)
+            if "gated" in rule:
+                feeds["g"] = -rng.random((b, t, hkv)).astype(F32)
+            names.append("g" if "gated" in rule else "")
+            if "delta" in rule:
+                feeds["beta"] = rng.random((b, t, hkv)).astype(F32)
+                names.append("beta")
+            while names[-1] == "":
+                names.pop()
+            cases.append(Case(f"{rule}-past{int(past)}", feeds,
+                              {"q_num_heads": hq, "kv_num_heads": hkv, "update_rule": rule},
+                              names=names, n_out=2, rtol=1e-5, atol=1e-5))
+    return cases
+
+
+@spec("LinearAttentionGate")
+def linear_attention_gate(rng):
+    """decay = decay_scale * softplus(a + dt_bias), beta = sigmoid(b), float32 inside."""
+    cases = []
+    for dt, tol in ((F32, 1e-5), (F16, 2e-3)):
+        for with_b in (True, False):
+            feeds = {"a": normal(rng, (2, 3, 4), dt, 3), "dt": normal(rng, (4,)),
+                     "ds": -np.exp(normal(rng, (4,)))}
+            if with_b:
+                feeds["b"] = normal(rng, (2, 3, 4), dt)
+            cases.append(Case(f"{np.dtype(dt).name}-b{int(with_b)}", feeds,
+                              n_out=2 if with_b else 1, rtol=tol, atol=tol))
+    return cases
+
+
+GDN_NAMES = ["q", "k", "v", "cu", "g", "beta", "s0"]
+
+
+@spec("GatedDeltaNet")
+def gated_delta_net(rng):
+    """Token-major q/k [T, Hq, dk], v [T, Hv, dv] with 2 query heads shared by 4 value heads,
+    unit keys (the delta rules expect them), a (B, Hv, dv, dk) state; uniform and ragged
+    (cu_seqlens) packing."""
+    hq, hv, dk, dv = 2, 4, 4, 3
+    cases = []
+    for rule, cu in (*((r, None) for r in RULES), ("gated_delta", [0, 2, 7])):
+        t = 6 if cu is None else cu[-1]
+        k = normal(rng, (t, hq, dk))
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+        feeds = {"q": normal(rng, (t, hq, dk)), "k": k, "v": normal(rng, (t, hv, dv))}
+        if cu is not None:
+            feeds["cu"] = np.array(cu, I32)
+        if "gated" in rule:
+            feeds["g"] = normal(rng, (t, hv), F32, 0.3) - 0.5
+        if "delta" in rule:
+            feeds["beta"] = rng.random((t, hv)).astype(F32)
+        feeds["s0"] = normal(rng, (2, hv, dv, dk), F32, 0.3)
+        names = [n if n in feeds else "" for n in GDN_NAMES]
+        cases.append(Case(f"{rule}-{'ragged' if cu else 'uniform'}", feeds,
+                          {"update_rule": rule}, names=names, n_out=2, rtol=1e-5, atol=1e-5))
+    return cases
+
+
+@spec("CausalConvWithState")
+def causal_conv_with_state(rng):
+    """Depthwise causal convolution over (B, C, L) with a carried (B, C, (k-1) dilation) state:
+    prefill without a state, decode steps with one, SiLU, dilation, channels_last."""
+    b, c, k = 2, 3, 4
+    cases = []
+    for name, length, attrs, with_past in (
+        ("prefill", 6, {}, False), ("decode-silu", 1, {"activation": "silu"}, True),
+        ("chunk-dilated", 5, {"dilation": 2}, True),
+        ("channels-last", 4, {"channels_last": 1}, True),
+    ):
+        state = (k - 1) * attrs.get("dilation", 1)
+        cl = attrs.get("channels_last", 0)
+        feeds = {"x": normal(rng, (b, length, c) if cl else (b, c, length))}
+        names = ["x", "w", "bias"]
+        if with_past:
+            feeds["past"] = normal(rng, (b, state, c) if cl else (b, c, state))
+            names.append("past")
+        cases.append(Case(name, feeds, attrs, {"w": normal(rng, (c, 1, k)),
+                                               "bias": normal(rng, (c,))}, names, n_out=2,
+                          rtol=1e-5, atol=1e-5))
+    return cases
+
+
+@spec("VarlenCausalConvWithState")
+def varlen_causal_conv_with_state(rng):
+    """The causal convolution per request of a packed (tokens, channels) batch cut by
+    cumulative_sequence_length, one (C, (k-1) dilation) carry state per request."""
+    c, k = 3, 3
+    cases = []
+    for name, cu, attrs in (("three-requests", [0, 1, 4, 8], {}),
+                            ("silu-dilated", [0, 5, 6], {"activation": "silu", "dilation": 2})):
+        state = (k - 1) * attrs.get("dilation", 1)
+        feeds = {"x": normal(rng, (cu[-1], c)), "cu": np.array(cu, I32),
+                 "s0": normal(rng, (len(cu) - 1, c, state))}
+        cases.append(Case(name, feeds, attrs, {"w": normal(rng, (c, 1, k)),
+                                               "bias": normal(rng, (c,))},
+                          ["x", "w", "cu", "bias", "s0"], n_out=2, rtol=1e-5, atol=1e-5))
+    return cases
