@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -182,6 +183,16 @@ def has_vnni() -> bool:
     return _HAS_VNNI[0]
 
 
+class _Fast(NamedTuple):
+    """A node's numba kernel: prepare(a2) quantizes A; compute(prep, m, t0, t1, y) writes the
+    columns of tiles t0..t1 into y."""
+
+    prepare: Callable[[np.ndarray], tuple]
+    compute: Callable[..., None]
+    tiles: int
+    name: str
+
+
 class NbitsMatMul:
     """The product A (M, K) @ W.T for one node's constant weights, every path prepared lazily.
 
@@ -201,6 +212,7 @@ class NbitsMatMul:
         self._ints: np.ndarray | None = None  # (k_blocks, block, N): q - zero_point
         self._tiled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._tiled_vnni: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._fast_kernel: _Fast | None = None
         self.fast = _numba.lazy("nbits_tiles", _F32) if int8 else None
         self.quant = _numba.lazy("nbits_quantize", _F32) if int8 else None
         self.requant = _numba.lazy("nbits_requantize", _F32) if int8 else None
@@ -292,59 +304,82 @@ class NbitsMatMul:
         return (VNNI and self.vnni is not None and self.quant_vnni is not None and has_vnni()
                 and self.vnni.ready() and self.quant_vnni.ready())
 
+    def _kernel(self) -> _Fast | None:
+        """The numba kernel for this node (nbits_vnni for 4 bits on a VNNI CPU, else
+        nbits_tiles), built once; None when numba is off or does not import."""
+        if self._fast_kernel is None:
+            if (self.fast is None or self.quant is None or not self.fast.ready()
+                    or not self.quant.ready()):
+                return None
+            g = self.g
+            if self._use_vnni():
+                fn, quant = self.vnni.fn, self.quant_vnni.fn
+                b, s, z = self.tiled_vnni()
+                scratch = np.empty(VNNI_TILE, np.int32)  # unused by the kernel
+
+                def prepare(a2):
+                    m = a2.shape[0]
+                    prep = (np.empty((m, g.n_blocks, g.blob // 4, 8), np.int8),
+                            np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32))
+                    quant(np.ascontiguousarray(a2, _F32), g.k, g.block, *prep)
+                    return prep
+
+                def compute(prep, m, t0, t1, y):
+                    fn(*prep, b, s, z, m, g.n, t0, t1, scratch, np.empty((m, VNNI_TILE), _F32),
+                       y)
+            else:
+                fn, quant = self.fast.fn, self.quant.fn
+                b, s, z = self.tiled()
+
+                def prepare(a2):
+                    m = a2.shape[0]
+                    prep = (np.empty((m, g.n_blocks, 8 // g.bits, g.blob), _F32),
+                            np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32))
+                    quant(np.ascontiguousarray(a2, _F32), g.k, g.block, g.bits, *prep)
+                    return prep
+
+                def compute(prep, m, t0, t1, y):
+                    fn(*prep, b, s, z, g.bits, m, g.n, t0, t1, np.empty((m, TILE), _F32),
+                       np.empty((m, TILE), _F32), y)
+            self._fast_kernel = _Fast(prepare, compute, b.shape[0],
+                                      "vnni" if self._use_vnni() else "numba")
+        return self._fast_kernel
+
     def numba_product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str] | None:
-        """(call(a2) -> (M, N), kernel name) through nbits_vnni (4 bits on a VNNI CPU) or
-        nbits_tiles for M = m rows, split into column-tile chunks across the pool; None when
-        numba is off, does not import, or m is large."""
-        if (self.fast is None or self.quant is None or m > NUMBA_ROWS_MAX
-                or not self.fast.ready() or not self.quant.ready()):
+        """(call(a2) -> (M, N), kernel name) for M = m rows through the numba kernel, its
+        column tiles split across the pool once a whole call shows itself slow enough
+        (timed_split: waking a worker costs more than small products take); None when numba
+        is off, does not import, or m is large."""
+        fast = self._kernel() if m <= NUMBA_ROWS_MAX else None
+        if fast is None:
             return None
-        g = self.g
-        nb = g.n_blocks
-        if self._use_vnni():
-            fn, quant, width = self.vnni.fn, self.quant_vnni.fn, VNNI_TILE
-            bt, st, zt = self.tiled_vnni()
-            planes, dt, name = (m, nb, g.blob // 4, 8), np.dtype(np.int8), "vnni"
-
-            def kernel(c, a_sum, a_scale, y, t0, t1):
-                fn(c, a_sum, a_scale, bt, st, zt, m, g.n, t0, t1, np.empty(VNNI_TILE, np.int32),
-                   np.empty((m, VNNI_TILE), _F32), y)
-
-            def quantize(a2, c, a_sum, a_scale):
-                quant(a2, g.k, g.block, c, a_sum, a_scale)
-        else:
-            fn, quant, width = self.fast.fn, self.quant.fn, TILE
-            bt, st, zt = self.tiled()
-            planes, dt, name = (m, nb, 8 // g.bits, g.blob), _F32, "numba"
-
-            def kernel(c, a_sum, a_scale, y, t0, t1):
-                fn(c, a_sum, a_scale, bt, st, zt, g.bits, m, g.n, t0, t1,
-                   np.empty((m, TILE), _F32), np.empty((m, TILE), _F32), y)
-
-            def quantize(a2, c, a_sum, a_scale):
-                quant(a2, g.k, g.block, g.bits, c, a_sum, a_scale)
-        n_tiles = -(-g.n // width)
-
-        def split(parts: int) -> Callable[[np.ndarray], np.ndarray]:
-            bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
-
-            def call(a2: np.ndarray) -> np.ndarray:
-                c = np.empty(planes, dt)
-                a_sum, a_scale = np.empty((m, nb), _F32), np.empty((m, nb), _F32)
-                quantize(np.ascontiguousarray(a2, _F32), c, a_sum, a_scale)
-                y = np.empty((m, g.n), _F32)
-                if parts == 1:
-                    kernel(c, a_sum, a_scale, y, 0, n_tiles)
-                else:
-                    parallel_for(parts, lambda i: kernel(c, a_sum, a_scale, y, *bounds[i]))
-                return y
-
-            return call
-
-        # column chunks across the pool only once a whole call shows itself slow enough
-        # (timed_split): waking a worker costs more than small products take
+        n_tiles, n = fast.tiles, self.g.n
         parts = min(n_tiles, THIN_CHUNKS * active_threads())
-        return timed_split(split(1), split(parts) if parts > 1 else None), name
+        bounds = [(n_tiles * i // parts, n_tiles * (i + 1) // parts) for i in range(parts)]
+
+        def whole(a2: np.ndarray) -> np.ndarray:
+            y = np.empty((m, n), _F32)
+            fast.compute(fast.prepare(a2), m, 0, n_tiles, y)
+            return y
+
+        def split(a2: np.ndarray) -> np.ndarray:
+            prep, y = fast.prepare(a2), np.empty((m, n), _F32)
+            parallel_for(parts, lambda i: fast.compute(prep, m, *bounds[i], y))
+            return y
+
+        return timed_split(whole, split if parts > 1 else None), fast.name
+
+    def rows(self, a2: np.ndarray) -> tuple[np.ndarray, str, str | None]:
+        """(A @ W.T, variant, reason) for the generic run path: the product without building
+        a per-shape callable (one thread; specialisations split across the pool)."""
+        m = a2.shape[0]
+        fast = self._kernel() if m <= NUMBA_ROWS_MAX else None
+        if fast is not None:
+            y = np.empty((m, self.g.n), _F32)
+            fast.compute(fast.prepare(a2), m, 0, fast.tiles, y)
+            return y, f"matmulnbits.int8_{fast.name}", None
+        _, variant, why = self.product(m)
+        return self.numpy_product(a2), variant, why
 
     def product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str, str | None]:
         """(call, variant, why not the numba kernel or None) for products of m rows."""
@@ -440,8 +475,7 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         _check(g, a, bias)
         a2 = a.reshape(-1, g.k).astype(_F32, copy=False)
         if engine is not None:
-            call, run.variant, run.variant_reason = engine.product(a2.shape[0])
-            y2 = call(a2)
+            y2, run.variant, run.variant_reason = engine.rows(a2)
         elif b.size == 0:  # an omitted projection: zeros (plus bias)
             y2 = np.zeros((a2.shape[0], g.n), _F32)
         else:
