@@ -209,6 +209,13 @@ def rotary_embedding(rng):
             "x": normal(rng, (b, n, s, 2 * h)), "p": np.array([2], I64),
             "c": normal(rng, (10, h // 2)), "s": normal(rng, (10, h // 2))},
             {"interleaved": inter, "rotary_embedding_dim": h, "num_heads": n}))
+    cs = {"c": normal(rng, (10, h // 2)), "s": normal(rng, (10, h // 2))}
+    cases += [Case("packed-batching", {"x": normal(rng, (1, 6, n * h)),
+                                       "p": np.array([[0, 1, 2, 0, 1, 2]], I64), **cs},
+                   {"num_heads": n, "is_packed_batching": 1}),
+              Case("scale", {"x": normal(rng, (b, s, n * h)),
+                             "p": rng.integers(0, 10 - s, (b, s)).astype(I64), **cs},
+                   {"num_heads": n, "scale": 0.5})]
     return cases
 
 
@@ -246,7 +253,15 @@ def embed_layer_normalization(rng):
              Case("position-ids", {"ids": ids, "pid": rng.integers(0, s + 2, (b, s)).astype(I32)},
                   {}, {k: v for k, v in consts.items() if k != "segt"},
                   ["ids", "", "word", "pos", "", "gamma", "beta", "", "pid"], n_out=2, rtol=1e-5,
-                  atol=1e-5)]
+                  atol=1e-5),
+             Case("position-ids-one-row", {"ids": ids, "pid": np.arange(s, dtype=I32)[None]}, {},
+                  {k: v for k, v in consts.items() if k != "segt"},
+                  ["ids", "", "word", "pos", "", "gamma", "beta", "", "pid"], n_out=2, rtol=1e-5,
+                  atol=1e-5),
+             Case("float16", {"ids": ids}, {},
+                  {k: v.astype(F16) for k, v in consts.items() if k != "segt"},
+                  ["ids", "", "word", "pos", "", "gamma", "beta"], n_out=2, rtol=3e-3,
+                  atol=3e-3)]
     return cases
 
 

@@ -99,6 +99,10 @@ def fused_matmul(rng):
         cases.append(Case(f"{ta}{tb}{tba}{tbb}", {"a": a, "b": b},
                           {"transA": ta, "transB": tb, "transBatchA": tba, "transBatchB": tbb,
                            "alpha": 1.5}, rtol=1e-5, atol=1e-5))
+    cases += [Case("broadcast-batch", {"a": normal(rng, (2, 1, 3, 5)), "b": normal(rng, (4, 5, 6))},
+                   {"alpha": 0.5}, rtol=1e-5, atol=1e-5),
+              Case("1d-b", {"a": normal(rng, (2, 3, 5)), "b": normal(rng, (5,))}, rtol=1e-5,
+                   atol=1e-5)]
     return cases
 
 
@@ -168,8 +172,11 @@ def bias_split_gelu(rng):
 
 @spec("ExpandDims")
 def expand_dims(rng):
-    return [Case(f"axis{ax}", {"x": normal(rng, (2, 3)), "a": scalar(ax, I32)})
-            for ax in (0, 2, -1, -3)]
+    return [*(Case(f"axis{ax}", {"x": normal(rng, (2, 3)), "a": scalar(ax, I32)})
+              for ax in (0, 2, -1, -3)),
+            Case("strings", {"x": np.array(["a", "b"], object), "a": scalar(1, I32)}),
+            Case("axis-out-of-range", {"x": normal(rng, (2, 3)), "a": scalar(4, I32)},
+                 refuses=True)]
 
 
 @spec("GatherND")
@@ -253,6 +260,13 @@ def skip_layer_norm(rng):
                           rtol=r, atol=a))
         g = {k: f[k] for k in ("x", "skip", "gamma")}
         cases.append(Case(f"{np.dtype(dt).name}-no-beta", g, rtol=r, atol=a))
+    f = _ln_inputs(rng, F32)
+    cases += [Case("skip-1SH-broadcast", {**f, "skip": normal(rng, (1, 3, 8))}, n_out=4,
+                   names=["x", "skip", "gamma", "beta", "bias"]),
+              Case("skip-2d-broadcast", {"x": f["x"], "skip": normal(rng, (3, 8)),
+                                         "gamma": f["gamma"]}),
+              Case("2d-input", {"x": normal(rng, (6, 8)), "skip": normal(rng, (6, 8)),
+                                "gamma": f["gamma"], "beta": f["beta"]}, n_out=4)]
     return cases
 
 
@@ -273,7 +287,10 @@ def simplified_layer_norm(rng):
     # com.microsoft, which onnxkiln also serves: compared with onnxruntime's ai.onnx kernel
     return [Case(f"axis{ax}", {"x": normal(rng, (2, 3, 8)), "g": normal(rng, g)},
                  {"axis": ax, "epsilon": 1e-5}, ort_domain="", n_out=2)
-            for ax, g in ((-1, (8,)), (1, (3, 8)))]
+            for ax, g in ((-1, (8,)), (1, (3, 8)))] + [
+        Case("float16-stash-float", {"x": normal(rng, (2, 3, 8), F16),
+                                     "g": normal(rng, (8,), F16)}, {"stash_type": 1},
+             ort_domain="", n_out=2, rtol=2e-3, atol=2e-3)]
 
 
 @spec("GatedAdd")
