@@ -16,6 +16,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_gdn,
     contrib_generation,
     contrib_gqa,
+    contrib_hyperconn,
     contrib_linattn,
     contrib_misc,
     contrib_moe,
