@@ -587,3 +587,36 @@ def test_a_replay_whose_append_moved_otherwise_reruns_on_the_ordinary_path(decod
     assert kv[0].logical_shape == (1, H, 3 + 8, D)
     for a, b in zip(logits, _reference(_session(decoder, "basic").run, 8)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(("ids_capacity", "expect"), [
+    (1, {"captured": 1, "replayed": 9, "retired": 0}),
+    # a (1, 1) token binding below its capacity looks like the mask at an empty cache: both
+    # are dropped (extending both would append two tokens), the mask's first move retires
+    # the graph, and the capture of the next step tells them apart
+    (3, {"captured": 2, "replayed": 7, "retired": 1})])
+def test_a_capture_at_an_empty_cache_tells_the_mask_from_the_token(decoder, ids_capacity,
+                                                                  expect):
+    s = _session(decoder)
+    kv = _kv(s)
+    ids = s.allocate_device_binding("input_ids", None, I64, (1, ids_capacity), (1, 1))
+    mask = s.allocate_device_binding("attention_mask", None, I64, (1, CAP), (1, 1))
+    mask.write(np.ones((1, CAP), np.int64))
+    logits = s.allocate_device_output_binding("logits", F, (1, 1, V), (1, 1, V))
+
+    def write(step, token):
+        ids.write(np.array([[token]], np.int64))
+        mask.set_logical_shape((1, step + 1))
+
+    tokens, _, counts = _example().replayed_loop(s, [*kv, ids, mask, logits], write, logits,
+                                                 3, 10)
+    assert counts == expect
+    assert kv[0].logical_shape[2] == 10
+    ref, past, token = _session(decoder), {}, 3
+    past = {f"past_{t}": np.zeros((1, H, 0, D), np.float32) for t in ("key", "value")}
+    for step, got in enumerate(tokens):
+        out, pk, pv = ref.run({"input_ids": np.array([[token]], np.int64),
+                               "attention_mask": np.ones((1, step + 1), np.int64), **past})
+        past = {"past_key": pk, "past_value": pv}
+        token = int(out[0, -1].argmax())
+        assert got == token

@@ -76,6 +76,8 @@ class DeviceGraphs:
         # layout: a new binding set for the same plan (the next generate call) reuses them
         self._audits: dict[tuple, tuple[dict[int, int], capture.Audit]] = {}
         self._node_list: list[ir.Node] | None = None
+        self._unsure = False  # the last probe guessed at followers of length 1
+        self._audit_of: tuple = ()  # the key of the installed capture's audit
 
     # capture ------------------------------------------------------------------------
     def capture(self, values: list[Any], bindings: Sequence[DeviceIoBinding],
@@ -91,7 +93,7 @@ class DeviceGraphs:
         for i, s in enumerate(plan.input_slots):  # plain inputs are frozen: keep our copy
             if s in frozen and values[i] is not None:
                 values[i] = copy_value(values[i])
-        key = _audit_key(plan, bindings, slot_of, values)
+        key = self._audit_of = _audit_key(plan, bindings, slot_of, values)
         found = self._audits.get(key)
         if found is None:
             growing, grown = self._probe(values, plan, bindings, slot_of)
@@ -101,9 +103,10 @@ class DeviceGraphs:
                           in growing), ctx.device_provider, ctx.fallback_reasons,
                 frozenset(bound))
             found = growing, capture.audit(plan, ctx.graph, facts)
-            if len(self._audits) >= _AUDITS_KEPT:
-                self._audits.pop(next(iter(self._audits)))
-            self._audits[key] = found
+            if not self._unsure:  # a guess at an empty cache is not kept for later lengths
+                if len(self._audits) >= _AUDITS_KEPT:
+                    self._audits.pop(next(iter(self._audits)))
+                self._audits[key] = found
         growing, audit = found
         refused = self._refusal(audit)
         if refused is not None:
@@ -138,33 +141,52 @@ class DeviceGraphs:
         they grow by one: the ordinary plan runs on copies at the current length and one
         longer. A KV binding grows when its output is longer than its past (an appended
         Concat, an attention kernel writing in place); an input-only binding follows it when
-        one of its dims is below capacity and equals the past or present length (a mask)."""
-        plain = self._ctx.plain
-        shapes = []
-        growing: dict[int, int] = {}
+        one of its dims is below capacity and equals the present length (a mask). At an
+        empty cache (present length 1) a one-token input looks the same: such candidates
+        are kept only if the cache then grows by exactly one."""
         if not any(b.input_name and b.output_name and b.logical_shape != b.physical_shape
                    for b in bindings):
-            return growing, frozenset()  # every cache at capacity (a static cache): no growth
-        for extra in (0, 1):
-            feed = [(_extended(v, growing[s], extra) if s in growing else v)
-                    for s, v in zip(plain.plan.input_slots, values)]
-            rec = replay.Recorder(plain.plan, shapes_only=True)
-            try:
-                plain.hooked(feed, rec)
-            except Exception:  # then every value downstream of a growing input grows
-                return growing, _downstream(plan, set(growing))
-            if extra == 0:
-                growing = _growing_bindings(plan, self._ctx, bindings, slot_of, rec.values)
-                if not growing:
-                    return growing, frozenset()
-            shapes.append(rec.values)
-        _check_not_pinned(self._ctx, plan, bindings, growing, shapes, values)
-        grown = {s for s, shape in shapes[0].items() if shapes[1].get(s) != shape}
+            return {}, frozenset()  # every cache at capacity (a static cache): no growth
+        growing: dict[int, int] = {}
+        self._unsure = False
+        try:
+            now = self._shapes(values, {}, 0)
+            growing, unsure = _growing_bindings(plan, self._ctx, bindings, slot_of, now)
+            self._unsure = bool(unsure)
+            if not growing:
+                return growing, frozenset()
+            longer = None
+            if unsure:  # keep them if the cache then grows by one and the step still runs
+                try:
+                    longer = self._shapes(values, growing, 1)
+                except Exception:
+                    longer = None
+                if longer is None or not _grew_by_one(self._ctx, bindings, slot_of, growing,
+                                                      now, longer):
+                    growing = {s: a for s, a in growing.items() if s not in unsure}
+                    longer = None
+            if longer is None:
+                longer = self._shapes(values, growing, 1)
+        except Exception:  # then every value downstream of a growing input grows
+            return growing, _downstream(plan, set(growing))
+        _check_not_pinned(self._ctx, plan, bindings, growing, [now, longer], values)
+        grown = {s for s, shape in now.items() if longer.get(s) != shape}
         grown |= set(growing)
         for step in plan.steps:  # copy steps of the bound plan follow their input
             if step.node_id < 0 and step.inputs and step.inputs[0] in grown:
                 grown.update(s for s in step.outputs if s is not None)
         return growing, frozenset(grown)
+
+    def _shapes(self, values: list[Any], growing: dict[int, int], extra: int
+                ) -> dict[int, Any]:
+        """Every slot's shape in an ordinary run on `values`, the growing inputs `extra`
+        positions longer."""
+        plain = self._ctx.plain
+        feed = [(_extended(v, growing[s], extra) if s in growing else v)
+                for s, v in zip(plain.plan.input_slots, values)]
+        rec = replay.Recorder(plain.plan, shapes_only=True)
+        plain.hooked(feed, rec)
+        return rec.values
 
     def _install(self, plan: Plan, audit: capture.Audit, recorded: dict[int, Any],
                  values: list[Any], bindings: Sequence[DeviceIoBinding],
@@ -240,6 +262,7 @@ class DeviceGraphs:
             if b._logical != shape:  # a fixed binding changed length: the graph baked it in
                 eager(g.frozen_feeds)
                 self.reset()
+                self._audits.pop(self._audit_of, None)  # probe again at the next capture
                 return False
         env: list[Any] = [None] * g.n_slots
         for s, v in g.env_inputs:
@@ -354,13 +377,17 @@ def _store(stores: Sequence[_Store], outputs: list[Any]) -> bool:
 
 
 def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[DeviceIoBinding],
-                      slot_of: dict[str, int], shapes: dict[int, Any]) -> dict[int, int]:
+                      slot_of: dict[str, int], shapes: dict[int, Any]
+                      ) -> tuple[dict[int, int], set[int]]:
     """Input slot -> growing axis of each bound input that grows from step to step: KV
     bindings whose output (in `shapes`, the slot shapes of an ordinary run at the current
     length) is longer than their past on one axis, and input-only bindings that follow them
-    (a dim below capacity equal to a growing past's length or its present's)."""
+    (a dim below capacity equal to a growing present's length, as a mask's is); and the
+    followers matched at length 1 (a capture at an empty cache), where a one-token input
+    looks the same."""
     out_slot = dict(zip(ctx.output_names, ctx.plain.plan.output_slots))
     growing: dict[int, int] = {}
+    unsure: set[int] = set()
     lengths: set[int] = set()
     for b in bindings:
         if not (b.input_name and b.output_name):
@@ -371,7 +398,7 @@ def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[Device
         moved = [a for a, (n, m) in enumerate(zip(past, present)) if n != m]
         if len(moved) == 1 and present[moved[0]] > past[moved[0]]:
             growing[slot_of[b.input_name]] = moved[0]
-            lengths.update((past[moved[0]], present[moved[0]]))
+            lengths.add(present[moved[0]])
     for b in bindings:
         if b.input_name is None or b.output_name is not None or not growing:
             continue
@@ -379,7 +406,27 @@ def _growing_bindings(plan: Plan, ctx: CaptureContext, bindings: Sequence[Device
                 if n < cap and n in lengths]
         if len(axes) == 1:
             growing[slot_of[b.input_name]] = axes[0]
-    return growing
+            if b.logical_shape[axes[0]] == 1:
+                unsure.add(slot_of[b.input_name])
+    return growing, unsure
+
+
+def _grew_by_one(ctx: CaptureContext, bindings: Sequence[DeviceIoBinding],
+                 slot_of: dict[str, int], growing: dict[int, int], now: dict[int, Any],
+                 longer: dict[int, Any]) -> bool:
+    """Whether every growing KV binding's output is one position longer in `longer` than
+    in `now` (an input extended with it that adds tokens makes it grow by more)."""
+    out_slot = dict(zip(ctx.output_names, ctx.plain.plan.output_slots))
+    for b in bindings:
+        slot = slot_of.get(b.input_name) if b.input_name else None
+        if slot not in growing or not b.output_name:
+            continue
+        a, out = growing[slot], out_slot[b.output_name]
+        before, after = now.get(out), longer.get(out)
+        if not isinstance(before, tuple) or not isinstance(after, tuple) \
+                or after[a] - before[a] != 1:
+            return False
+    return True
 
 
 def _check_not_pinned(ctx: CaptureContext, plan: Plan, bindings: Sequence[DeviceIoBinding],
