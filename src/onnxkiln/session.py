@@ -451,10 +451,11 @@ class InferenceSession:
     def decode_memo_counts(self) -> tuple[int, int, int, int]:
         """(primed, rebuilt, replayed, ineligible) of the decode memo.
 
-        A bound run whose binding layout and plain-input shapes match the memo's replays it
-        (skipping bound-input validation and the cache lookups); another layout builds anew
-        (the first: primed, later: rebuilt). Runs without bindings, `run`/`run_outputs`
-        and captured replays count as ineligible. Option decode.memo=0 turns the memo off.
+        A bound run whose binding layout and plain-input dtypes and ranks match the memo's
+        replays it (skipping bound-input validation and the cache lookups); a plain dim may
+        differ only by what a bound logical length grew. Another key builds anew (the
+        first: primed, later: rebuilt). Runs without bindings, `run`/`run_outputs` and
+        captured replays count as ineligible. Option decode.memo=0 turns the memo off.
 
         Example:
             >>> s.decode_memo_counts()  # prefill (1, 5), then 10 steps of (1, 1)
@@ -505,7 +506,8 @@ class InferenceSession:
     def replay_device_graph(self, bindings: Sequence[DeviceIoBinding]) -> bool:
         """Replay the captured step after refreshing bound inputs. True: still valid; False:
         an If flipped or a segment's input changed shape, so this step ran eagerly
-        (its outputs are correct) and the graph is retired: capture again. Other bindings
+        (its outputs are correct: do not run the step again) and the graph is retired:
+        capture on the next step. Other bindings
         than the capture's, or a released one, raise CaptureError."""
         self._decode_memo.note_ineligible()
         with run_scope(self._threads):
