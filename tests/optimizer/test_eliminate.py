@@ -83,6 +83,30 @@ def test_same_type_cast_and_identity_transpose_are_removed(harness, rng):
     assert harness.ops(model) == {"Relu": 1, "Cast": 1}  # d's type comes from inference
 
 
+def test_one_input_concat_and_variadic_ops_are_removed(harness, rng):
+    # torch.onnx writes Concat(past) before Concat(., new) in KV caches; the lone Concat
+    # hid the past from the in-place append of bound caches
+    text = f"""{HEAD}
+    g (float[2,3,4] x, float[2,1,4] n) => (float[2,4,4] y) {{
+        a = Concat<axis = -2>(x)
+        b = Sum(a)
+        c = Max(b)
+        y = Concat<axis = -2>(c, n)
+    }}"""
+    feeds = {"x": _x(rng, 2, 3, 4), "n": _x(rng, 2, 1, 4)}
+    model = harness.check(harness.parse(text), feeds, "basic", before=4, after=1)
+    assert harness.ops(model) == {"Concat": 1}
+
+
+def test_one_input_concat_with_an_axis_past_its_rank_stays(harness, rng):
+    text = f"""{HEAD}
+    g (float[3,4] x) => (float[3,4] y) {{
+        y = Concat<axis = 5>(x)
+    }}"""
+    model = harness.optimize(harness.parse(text), "basic")
+    assert harness.ops(model) == {"Concat": 1}
+
+
 def test_dead_nodes_and_initializers_go(harness, rng):
     text = f"""{HEAD}
     g (float[3,4] x) => (float[3,4] y) {{

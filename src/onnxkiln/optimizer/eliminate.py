@@ -1,7 +1,8 @@
 """Basic-level clean-up passes: identity elimination, dead nodes, common subexpressions.
 
 onnx_ir ships passes with these names; ours differ where it matters here. Identity
-elimination also drops inference-mode Dropout, same-type Cast and identity Transpose, and
+elimination also drops inference-mode Dropout, same-type Cast, identity Transpose and
+one-input Concat/Sum/Max/Min/Mean, and
 never renames a value that is itself a graph input/output or lives in an outer scope (onnx_ir's
 renames the input of an Identity between two graph outputs and loses one output name). CSE
 also skips Bernoulli and Dropout, runs in subgraphs, and merges equal small initializers
@@ -74,11 +75,22 @@ def _is_identity(node: ir.Node, ctx: Context) -> bool:
         return x.dtype is not None and attr(node, "to", kind=ir.AttributeType.INT) == x.dtype.value
     if is_onnx(node, "CastLike") and len(node.inputs) == 2 and node.inputs[1] is not None:
         return x.dtype is not None and x.dtype == node.inputs[1].dtype
+    if is_onnx(node, "Concat", "Sum", "Max", "Min", "Mean") and len(node.inputs) == 1:
+        # one input: torch.onnx writes Concat(past) before Concat(., new) in KV caches
+        return len(node.outputs) == 1 and _axis_in_range(node, x)
     if is_onnx(node, "Transpose"):
         perm = attr(node, "perm", kind=ir.AttributeType.INTS)
         return perm is not None and perm == list(range(len(perm))) and (
             x.shape is None or len(x.shape) == len(perm))
     return False
+
+
+def _axis_in_range(node: ir.Node, x: ir.Value) -> bool:
+    """A one-input Concat whose axis fits its input's known rank (else its error must stay)."""
+    if not is_onnx(node, "Concat"):
+        return True
+    axis = attr(node, "axis", kind=ir.AttributeType.INT)
+    return axis is not None and x.shape is not None and -len(x.shape) <= axis < len(x.shape)
 
 
 def _bypass(node: ir.Node, graph: ir.Graph) -> bool:
