@@ -99,6 +99,20 @@ def test_cdist(metric, dtype):
     assert_matches_ort(m, {"a": a, "b": b}, rtol=1e-5, atol=1e-5)
 
 
+def test_cdist_refuses_an_attribute_outside_its_schema_as_onnxruntime():
+    """skl2onnx writes CDist(metric="minkowski", p=3); onnxruntime refuses the model as an
+    invalid graph (INVALID_GRAPH: Unrecognized attribute: p) and so does onnxkiln."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (test extra)")
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph
+
+    feeds = {"a": np.zeros((2, 3), F32), "b": np.zeros((4, 3), F32)}
+    m = model("CDist", feeds, metric="minkowski", p=3)
+    with pytest.raises(InvalidGraph, match="Unrecognized attribute: p for operator CDist"):
+        ort.InferenceSession(m.SerializeToString())
+    with pytest.raises(ModelLoadError, match="Unrecognized attribute: p for operator CDist"):
+        ours(m, feeds)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [0, 1])

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.errors import ModelLoadError
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu.contrib_fused import fused_matmul
 from onnxkiln.providers.cpu.contrib_transformer import MS
@@ -92,6 +93,11 @@ def unique_ms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def cdist(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Pairwise distances between the rows of A [N, K] and B [M, K]: sqeuclidean (default) or
     euclidean."""
+    unknown = sorted(set(info.attrs) - {"metric"})
+    if unknown:  # onnxruntime's schema check refuses the model (skl2onnx's CDist p=3)
+        raise ModelLoadError(
+            f"this is an invalid model: node {info.describe()}: Unrecognized attribute: "
+            f"{unknown[0]} for operator CDist (it takes only metric)")
     metric = info.attrs.get("metric", "sqeuclidean")
     metric = metric.decode() if isinstance(metric, bytes) else str(metric)
     if metric not in ("sqeuclidean", "euclidean"):
