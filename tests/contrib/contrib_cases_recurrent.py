@@ -120,3 +120,40 @@ def varlen_causal_conv_with_state(rng):
                                                "bias": normal(rng, (c,))},
                           ["x", "w", "cu", "bias", "s0"], n_out=2, rtol=1e-5, atol=1e-5))
     return cases
+
+
+@spec("NGramHashMapping")
+def ngram_hash_mapping(rng):
+    """Engram n-gram hash ids: xor of shifted ids times odd multipliers, wrapping in the id
+    type (multipliers near the type's width overflow), modulo each head's vocabulary; history
+    through past_ids, eos resets, segment boundaries, head offsets."""
+    cases = []
+    for name, dt, n, heads, extra in (
+        ("int64-wrapping", np.int64, 3, 2, {"mult": 2**61}),
+        ("int32-wrapping-negative", np.int32, 3, 2, {"mult": 2**29, "negative": True}),
+        ("past-offsets", np.int64, 4, 3, {"past": True, "offsets": True}),
+        ("eos-reset-segments", np.int32, 3, 2, {"eos": 7, "segments": True}),
+    ):
+        b, length = 2, 7
+        ids = rng.integers(0, 2**20, (b, length)).astype(dt)
+        mult = (rng.integers(1, extra.get("mult", 2**20), n) * 2 + 1).astype(dt)
+        if extra.get("negative"):
+            mult[1] = -mult[1]
+        feeds = {"ids": ids, "m": mult, "v": rng.integers(5, 1000, (n - 1) * heads).astype(dt)}
+        names = ["ids", "m", "v", "", "", "", ""]
+        if extra.get("past"):
+            feeds["p"], names[3] = rng.integers(0, 2**20, (b, n - 1)).astype(dt), "p"
+        if extra.get("offsets"):
+            feeds["o"], names[4] = rng.integers(0, 100, (n - 1) * heads).astype(dt), "o"
+        attrs = {"max_ngram_size": n, "n_head_per_ngram": heads, "pad_id": 3}
+        if "eos" in extra:
+            ids[0, 2] = ids[1, 5] = extra["eos"]
+            feeds["e"], names[5] = np.array(extra["eos"], dt), "e"
+            attrs["reset_on_eos"] = 1
+        if extra.get("segments"):
+            feeds["s"] = np.array([[0, 0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 1, 1, 3]], I32)
+            names[6] = "s"
+        while names[-1] == "":
+            names.pop()
+        cases.append(Case(name, feeds, attrs, names=names, n_out=2))
+    return cases
