@@ -140,10 +140,94 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
 VNNI_TILE = 16  # output columns per tile: the 16 int32 lanes of one 512-bit register
 
 
-def _ptr(context, builder, signature, args, i, ty):
-    """Data pointer of array argument i as a pointer to `ty`."""
-    arr = context.make_array(signature.args[i])(context, builder, args[i])
-    return builder.bitcast(arr.data, ty.as_pointer())
+_I8, _I32, _I64, _F = (llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64),
+                      llvm_ir.FloatType())
+_V64I8, _V16I32, _V16F = (llvm_ir.VectorType(_I8, 64), llvm_ir.VectorType(_I32, 16),
+                          llvm_ir.VectorType(_F, 16))
+
+
+class _TileEmitter:
+    """LLVM IR of `_tile_dots`: pointers to its arrays and the vector helpers it needs."""
+
+    def __init__(self, context, builder, signature, args):
+        self.builder, self.args = builder, args
+
+        def ptr(i, ty):
+            arr = context.make_array(signature.args[i])(context, builder, args[i])
+            return builder.bitcast(arr.data, ty.as_pointer())
+
+        self.b, self.a = ptr(0, _I8), ptr(2, _I8)
+        self.sc, self.z, self.asc, self.zs, self.out = (ptr(i, _F) for i in (6, 7, 9, 10, 12))
+        name = "llvm.x86.avx512.vpdpbusd.512"
+        self.dot = builder.module.globals.get(name) or llvm_ir.Function(
+            builder.module, llvm_ir.FunctionType(_V16I32, [_V16I32] * 3), name)
+
+    def const(self, value, ty=_I64):
+        return llvm_ir.Constant(ty, value)
+
+    def splat(self, value, vec):
+        undef = llvm_ir.Constant(vec, llvm_ir.Undefined)
+        first = self.builder.insert_element(undef, value, self.const(0, _I32))
+        return self.builder.shuffle_vector(first, undef, llvm_ir.Constant(_V16I32, [0] * 16))
+
+    def load(self, ptr, offset, ty):
+        cast = self.builder.bitcast(self.builder.gep(ptr, [offset]), ty.as_pointer())
+        return self.builder.load(cast, align=1)
+
+    def quad(self, k, i, isum):
+        """isum + the vpdpbusd products of quad i of block k."""
+        bld, args = self.builder, self.args
+        g = bld.add(bld.mul(k, args[4]), i)
+        raw = self.load(self.b, bld.add(args[1], bld.mul(g, self.const(64))), _V64I8)
+        nib = llvm_ir.Constant(_V64I8, [15] * 64)
+        lo = bld.and_(raw, nib)
+        hi = bld.and_(bld.lshr(raw, llvm_ir.Constant(_V64I8, [4] * 64)), nib)
+        a_at = bld.add(args[3], bld.mul(g, self.const(8)))
+        for half, bits in ((0, lo), (4, hi)):
+            word = self.load(self.a, bld.add(a_at, self.const(half)), _I32)
+            isum = bld.call(self.dot, [isum, bld.bitcast(bits, _V16I32),
+                                       self.splat(word, _V16I32)])
+        return isum
+
+    def scaled(self, k, isum, acc):
+        """acc + (a_scale * b_scales) * (dots - zero_points * a_sum) for block k."""
+        bld, args = self.builder, self.args
+        r = bld.add(args[11], k)
+        p = bld.add(args[8], bld.mul(k, self.const(16)))
+        a_s, z_s = bld.load(bld.gep(self.asc, [r])), bld.load(bld.gep(self.zs, [r]))
+        value = bld.fsub(bld.sitofp(isum, _V16F),
+                         bld.fmul(self.load(self.z, p, _V16F), self.splat(z_s, _V16F)))
+        step = bld.fmul(bld.fmul(self.splat(a_s, _V16F), self.load(self.sc, p, _V16F)), value)
+        return bld.fadd(acc, step)
+
+    def emit(self):
+        """for k in blocks: isum = 0; for i in quads: isum = quad(...); acc = scaled(...)."""
+        bld, args = self.builder, self.args
+        entry = bld.block
+        blk_head, quad_head, quad_body, blk_tail, done = (
+            bld.append_basic_block(f"tile_dots.{n}")
+            for n in ("block", "quad", "quad_body", "block_end", "done"))
+        bld.branch(blk_head)
+        bld.position_at_end(blk_head)
+        k, acc = bld.phi(_I64), bld.phi(_V16F)
+        k.add_incoming(self.const(0), entry)
+        acc.add_incoming(llvm_ir.Constant(_V16F, None), entry)
+        bld.cbranch(bld.icmp_signed("<", k, args[5]), quad_head, done)
+        bld.position_at_end(quad_head)
+        i, isum = bld.phi(_I64), bld.phi(_V16I32)
+        i.add_incoming(self.const(0), blk_head)
+        isum.add_incoming(llvm_ir.Constant(_V16I32, None), blk_head)
+        bld.cbranch(bld.icmp_signed("<", i, args[4]), quad_body, blk_tail)
+        bld.position_at_end(quad_body)
+        i.add_incoming(bld.add(i, self.const(1)), quad_body)
+        isum.add_incoming(self.quad(k, i, isum), quad_body)
+        bld.branch(quad_head)
+        bld.position_at_end(blk_tail)
+        k.add_incoming(bld.add(k, self.const(1)), blk_tail)
+        acc.add_incoming(self.scaled(k, isum, acc), blk_tail)
+        bld.branch(blk_head)
+        bld.position_at_end(done)
+        bld.store(acc, bld.bitcast(self.out, _V16F.as_pointer()), align=4)
 
 
 @intrinsic
@@ -158,73 +242,7 @@ def _tile_dots(typingctx, b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, 
     sig = types.void(b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off, out)
 
     def codegen(context, builder, signature, args):
-        i8, i32, i64, f32 = (llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64),
-                             llvm_ir.FloatType())
-        v64i8, v16i32, v16f = (llvm_ir.VectorType(i8, 64), llvm_ir.VectorType(i32, 16),
-                               llvm_ir.VectorType(f32, 16))
-        bptr, aptr = _ptr(context, builder, signature, args, 0, i8), _ptr(
-            context, builder, signature, args, 2, i8)
-        scp, zp, ascp, zsp = (_ptr(context, builder, signature, args, i, f32)
-                              for i in (6, 7, 9, 10))
-        name = "llvm.x86.avx512.vpdpbusd.512"
-        dot = builder.module.globals.get(name) or llvm_ir.Function(
-            builder.module, llvm_ir.FunctionType(v16i32, [v16i32] * 3), name)
-        c64, c8, c16 = (llvm_ir.Constant(i64, v) for v in (64, 8, 16))
-        nib = llvm_ir.Constant(v64i8, [15] * 64)
-        four = llvm_ir.Constant(v64i8, [4] * 64)
-        undef_i, undef_f = llvm_ir.Constant(v16i32, llvm_ir.Undefined), llvm_ir.Constant(
-            v16f, llvm_ir.Undefined)
-        lanes = llvm_ir.Constant(v16i32, [0] * 16)
-
-        def splat(value, undef):
-            first = builder.insert_element(undef, value, llvm_ir.Constant(i32, 0))
-            return builder.shuffle_vector(first, undef, lanes)
-
-        def vload(ptr, offset, ty):
-            return builder.load(builder.bitcast(builder.gep(ptr, [offset]), ty.as_pointer()),
-                                align=1)
-
-        entry = builder.block
-        blk_head, quad_head, quad_body, blk_tail, done = (
-            builder.append_basic_block(f"tile_dots.{n}")
-            for n in ("block", "quad", "quad_body", "block_end", "done"))
-        builder.branch(blk_head)
-        builder.position_at_end(blk_head)  # for k in range(blocks)
-        k, acc = builder.phi(i64), builder.phi(v16f)
-        k.add_incoming(llvm_ir.Constant(i64, 0), entry)
-        acc.add_incoming(llvm_ir.Constant(v16f, None), entry)
-        builder.cbranch(builder.icmp_signed("<", k, args[5]), quad_head, done)
-        builder.position_at_end(quad_head)  # for i in range(quads)
-        i, isum = builder.phi(i64), builder.phi(v16i32)
-        i.add_incoming(llvm_ir.Constant(i64, 0), blk_head)
-        isum.add_incoming(llvm_ir.Constant(v16i32, None), blk_head)
-        builder.cbranch(builder.icmp_signed("<", i, args[4]), quad_body, blk_tail)
-        builder.position_at_end(quad_body)
-        g = builder.add(builder.mul(k, args[4]), i)
-        raw = vload(bptr, builder.add(args[1], builder.mul(g, c64)), v64i8)
-        lo, hi = builder.and_(raw, nib), builder.and_(builder.lshr(raw, four), nib)
-        a_at = builder.add(args[3], builder.mul(g, c8))
-        total = isum
-        for half, bits in ((0, lo), (4, hi)):
-            word = vload(aptr, builder.add(a_at, llvm_ir.Constant(i64, half)), i32)
-            total = builder.call(dot, [total, builder.bitcast(bits, v16i32),
-                                       splat(word, undef_i)])
-        i.add_incoming(builder.add(i, llvm_ir.Constant(i64, 1)), quad_body)
-        isum.add_incoming(total, quad_body)
-        builder.branch(quad_head)
-        builder.position_at_end(blk_tail)
-        r = builder.add(args[11], k)
-        p = builder.add(args[8], builder.mul(k, c16))
-        a_s = builder.load(builder.gep(ascp, [r]))
-        z_s = builder.load(builder.gep(zsp, [r]))
-        value = builder.fsub(builder.sitofp(isum, v16f),
-                             builder.fmul(vload(zp, p, v16f), splat(z_s, undef_f)))
-        step = builder.fmul(builder.fmul(splat(a_s, undef_f), vload(scp, p, v16f)), value)
-        k.add_incoming(builder.add(k, llvm_ir.Constant(i64, 1)), blk_tail)
-        acc.add_incoming(builder.fadd(acc, step), blk_tail)
-        builder.branch(blk_head)
-        builder.position_at_end(done)
-        builder.store(acc, _ptr(context, builder, signature, args, 12, v16f), align=4)
+        _TileEmitter(context, builder, signature, args).emit()
         return context.get_dummy_value()
 
     return sig, codegen
