@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `onnxkiln` im
 
 import onnxkiln as ok
 from bench import genai_models as gm
-from onnxkiln.generate import generate
+from onnxkiln.generation import generate
 
 MODES = ("ort-loop", "og", "ok-plain", "ok-bound", "ok-memo", "ok-captured", "ok-generate")
 DEFAULT_MODELS = ("llama-fp32", "llama-int4", "qwen2-fp32", "qwen2-int4", "phi3-fp32",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.generate_layout import DecoderLayout
+from onnxkiln.generation_layout import DecoderLayout
 
 # Gemma2 is left out: its sliding-window GQA needs a preallocated cache of the window's size,
 # which the plain reference loop (`greedy`) does not feed.
@@ -121,7 +121,7 @@ def build(arch: str = "llama", precision: str = "fp32", *, hidden: int = 256, la
 
 class DecoderIO:
     """Input/output names and KV layout of a builder folder, read from its genai_config.json
-    (parsed by `onnxkiln.generate_layout.DecoderLayout`, which `onnxkiln.generate` uses)."""
+    (parsed by `onnxkiln.generation_layout.DecoderLayout`, which `onnxkiln.generate` uses)."""
 
     def __init__(self, folder: Path):
         layout = DecoderLayout.from_genai_config(folder)

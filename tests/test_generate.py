@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxkiln as ok
 from onnxkiln import zoo
-from onnxkiln.generate import DecoderLayout, DecoderLayoutError, Sampling, generate
+from onnxkiln.generation import DecoderLayout, DecoderLayoutError, Sampling, generate
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -419,3 +419,11 @@ def test_bindings_refused_fall_back_to_plain_run(monkeypatch, zoo_folder):
     result = generate(session, [5, 6, 7], max_new_tokens=5, eos_token_id=None)
     assert result.path == "plain" and result.fallbacks == ["bound: no bindings on this provider"]
     assert result.tokens[0] == _ref(zoo_folder, [5, 6, 7], 5)
+
+
+def test_generate_is_a_top_level_function_and_a_session_method():
+    session = ok.InferenceSession.from_graph(zoo.gpt_decoder_step())
+    direct = generate(session, [5, 6, 7], max_new_tokens=6, eos_token_id=None).tokens
+    assert ok.generate(session, [5, 6, 7], max_new_tokens=6, eos_token_id=None).tokens == direct
+    assert session.generate([5, 6, 7], max_new_tokens=6, eos_token_id=None).tokens == direct
+    assert type(session.generate([5], max_new_tokens=1)) is ok.GenerateResult

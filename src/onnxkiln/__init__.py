@@ -33,6 +33,7 @@ from onnxkiln.errors import (
 if TYPE_CHECKING:
     from onnxkiln.builder import SessionBuilder
     from onnxkiln.dtypes import DataType
+    from onnxkiln.generation import GenerateResult, Sampling, generate
     from onnxkiln.session import InferenceSession
     from onnxkiln.trace import Span, TraceContext
     from onnxkiln.types import (
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "SessionBuilder": "builder", "DataType": "dtypes", "InferenceSession": "session",
     "Span": "trace", "TraceContext": "trace",
+    "generate": "generation", "GenerateResult": "generation", "Sampling": "generation",
     **dict.fromkeys(
         ["CacheStats", "Captured", "CaptureDecline", "CaptureViolation", "ControlFlowStats",
          "DeviceId", "DeviceType", "IoMeta", "MemoryStats", "ModelMetadata", "NotCapturable",
@@ -89,6 +91,7 @@ __all__ = [
     "DeviceType",
     "EpContextError",
     "ExecutionProviderUnavailableError",
+    "GenerateResult",
     "InferenceSession",
     "InputNotFoundError",
     "InvalidInputError",
@@ -102,6 +105,7 @@ __all__ = [
     "NotCapturable",
     "RunCancelledError",
     "RunTimeoutError",
+    "Sampling",
     "SeamKind",
     "SequenceOutputError",
     "SessionBuilder",
@@ -113,4 +117,5 @@ __all__ = [
     "UnknownOptionError",
     "UnsupportedOpError",
     "WarmupShape",
+    "generate",
 ]

@@ -470,6 +470,11 @@ class InferenceSession:
         (counted in both)."""
         return self._decode_memo.view_plan_counts()
 
+    def generate(self, prompt: Any, **options: Any) -> Any:
+        """Tokens after `prompt` from this decoder graph: `onnxkiln.generate(self, ...)`."""
+        from onnxkiln.generation import generate
+        return generate(self, prompt, **options)
+
     # device-graph capture (onnxkiln.capture, onnxkiln.replay, onnxkiln.device_graph) ---
     def try_capture_with_device_bindings(self, inputs: Any, bindings: Sequence[DeviceIoBinding]
                                          ) -> DeviceGraphCaptureResult:

@@ -1,6 +1,6 @@
 """Token generation with a decoder graph: greedy or sampled, batched, streamed.
 
-    from onnxkiln.generate import generate
+    from onnxkiln.generation import generate
     result = generate("folder/with/genai_config.json", [5, 6, 7], max_new_tokens=32)
     result.tokens[0]            # the new tokens of row 0
     result.path                 # "captured", "bound" or "plain": what ran the decode steps
@@ -12,7 +12,7 @@ a replay measured within noise of the memo (bench/decode_real.py), so "auto" bin
 Where a faster path does not apply it falls back (bindings refused: plain `run`; capture
 declined: the bound step) and says why in `GenerateResult.fallbacks`. Input names and the
 KV layout come from onnxruntime-genai's `genai_config.json` beside the model when there is
-one, else from the graph (see `onnxkiln.generate_layout`).
+one, else from the graph (see `onnxkiln.generation_layout`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.errors import CaptureError, DeviceBindingError, InvalidInputError
-from onnxkiln.generate_layout import GENAI_CONFIG, DecoderLayout, DecoderLayoutError
-from onnxkiln.generate_runners import BoundRunner, CapturedRunner, PlainRunner, Timeline
+from onnxkiln.generation_layout import GENAI_CONFIG, DecoderLayout, DecoderLayoutError
+from onnxkiln.generation_runners import BoundRunner, CapturedRunner, PlainRunner, Timeline
 
 __all__ = ["DecoderLayout", "DecoderLayoutError", "GenerateResult", "Sampling", "generate",
            "load_decoder"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from onnxkiln.dtypes import from_numpy
 from onnxkiln.errors import CaptureError, DeviceBindingError
-from onnxkiln.generate_layout import DecoderLayout
+from onnxkiln.generation_layout import DecoderLayout
 
 __all__ = ["BoundRunner", "CapturedRunner", "PlainRunner", "Timeline"]
 
