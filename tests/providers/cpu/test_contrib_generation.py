@@ -141,6 +141,17 @@ def test_sampling_with_tiny_top_p_is_greedy(temperature):
     assert filtered.shape == (2, 13) and (np.isfinite(filtered).sum(axis=1) == 1).all()
 
 
+def test_sampling_ignores_presence_outside_custom_sampling():
+    """presence_mask / presence_penalty belong to custom=1; onnxruntime ignores them otherwise."""
+    mask = np.zeros((2, 13), np.int32)
+    mask[:, [8, 10]] = 1
+    feeds = {**SAMPLE, "presence_mask": mask}
+    m = search_model("Sampling", feeds, eos_token_id=3, pad_token_id=0, top_p=1e-4,
+                     presence_penalty=50.0)
+    ours = assert_sequences_match(m, feeds, 0)
+    assert (ours[:, 3:] == 10).any() and (ours[:, 3:] == 8).any()
+
+
 def _first_step_probs(temperature: float) -> np.ndarray:
     """softmax(logits / T) of the decoder's first step on prompt [5, 6, 7]."""
     graph = decoder_graph()

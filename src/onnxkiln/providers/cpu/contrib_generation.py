@@ -103,15 +103,15 @@ def top_p_filter(scores: np.ndarray, top_p: float, keep: int, fill: float) -> np
 
 
 class _Sampler:
-    """Sampling's per-step choice: temperature, presence penalty, top-p, then one draw from
-    the softmax; keeps the last step's filtered scores for the optional output."""
+    """Sampling's per-step choice: temperature, top-p, then one draw from the softmax; keeps
+    the last step's filtered scores for the optional output. presence_mask and
+    presence_penalty belong to custom sampling (custom=1, refused), so they are not applied."""
 
     def __init__(self, op: str, info: NodeInfo) -> None:
         self.temperature = float(info.attrs.get("temperature", 1.0))
         self.top_p = float(info.attrs.get("top_p", 0.0))
         self.fill = float(info.attrs.get("filter_value", -np.inf))
         self.keep = gen.int_attr(info, "min_tokens_to_keep", 1)
-        self.presence_penalty = float(info.attrs.get("presence_penalty", 0.0))
         self.custom = gen.int_attr(info, "custom", 0)
         if not self.temperature > 0:
             raise ValueError(f"{op}: temperature must be > 0, got {self.temperature}")
@@ -123,13 +123,10 @@ class _Sampler:
             raise ValueError(f"{op}: custom=1 sampling is not supported")
         self.filtered: np.ndarray | None = None
         self.rng: np.random.Generator | None = None
-        self.presence: np.ndarray | None = None
 
     def __call__(self, scores: np.ndarray, step: int) -> np.ndarray:
         if self.temperature != 1.0:
             scores = scores / np.float32(self.temperature)
-        if self.presence is not None and self.presence_penalty:
-            scores = scores - np.float32(self.presence_penalty) * self.presence
         if 0.0 < self.top_p < 1.0:
             scores = top_p_filter(scores, self.top_p, self.keep, self.fill)
         self.filtered = scores
@@ -156,12 +153,10 @@ def sampling(info: NodeInfo) -> Callable[..., tuple]:
         sampler = _Sampler(op, info)
         seed = gen.scalar(ins[8], f"{op} seed", None)
         sampler.rng = np.random.default_rng(seed)
-        if ins[7] is not None:
-            presence = np.asarray(ins[7])
-            if presence.shape != (ins[0].shape[0], presence.shape[-1]) or presence.ndim != 2:
-                raise ValueError(f"{op}: presence_mask must be (batch, vocab_size), got "
-                                 f"{presence.shape}")
-            sampler.presence = presence.astype(_F32)
+        if ins[7] is not None and (np.ndim(ins[7]) != 2 or
+                                   np.shape(ins[7])[0] != np.shape(ins[0])[0]):
+            raise ValueError(f"{op}: presence_mask must be (batch, vocab_size), got "
+                             f"{np.shape(ins[7])}")
         seqs = _decode(op, info, dec, ins, captured, sampler)
         return seqs, sampler.filtered
 
