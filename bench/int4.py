@@ -17,11 +17,13 @@ Measured 2026-12 (onnxruntime 1.32, an AVX-512 VNNI Xeon VM, 2 cores shared with
 engineers' jobs, load average 5-7: absolute times swing 2-5x between runs; three full runs):
 - per op, 1 thread, M = 1: onnxkiln int4 (the VNNI kernel) 3.9-12x its float32 MatMul at
   K, N >= 1024 (1.5-5x at 2048x512 / 512x2048), 0.7-1.4x at 256-512 where the call overhead
-  (~10 us) is the product; 0.8-1.3x onnxruntime's int4 time at K, N >= 1024. Prefill
-  (M = 64): about float32's time (one GEMM on the dequantized weights), 0.5-1.2x.
+  (~10 us) is the product; 0.8-1.3x onnxruntime's int4 time at K, N >= 1024 in most runs
+  (outliers 0.4x and 3.2x). Prefill (M = 64): about float32's time (one GEMM on the
+  dequantized weights), 0.5-1x (one noisy 2x).
 - decoders, 1 thread: int4 tokens/s 1.5-2.6x onnxkiln's fp32 at hidden 512 (2 and 4
   layers), 0.7-1.2x at hidden 256, where the matmuls are a small share of a step (attention
-  and each new past length's plan dominate); onnxruntime's int4 is 2.2-6.4x onnxkiln's.
+  and each new past length's plan dominate); onnxruntime's int4 is 2.1-8.9x onnxkiln's.
+  2 threads: 1.2-1.8x at hidden 512, 1.1-2.0x at hidden 256.
 """
 
 from __future__ import annotations
