@@ -21,8 +21,9 @@ engineers' jobs, load average 5-7: absolute times swing 2-5x between runs; three
   (outliers 0.4x and 3.2x). Prefill (M = 64): about float32's time (one GEMM on the
   dequantized weights), 0.5-1x (one noisy 2x).
 - decoders, 1 thread: int4 tokens/s 1.5-2.6x onnxkiln's fp32 at hidden 512 (2 and 4
-  layers), 0.7-1.2x at hidden 256, where the matmuls are a small share of a step (attention
-  and each new past length's plan dominate); onnxruntime's int4 is 2.1-8.9x onnxkiln's.
+  layers), 0.7-1.2x at hidden 256, where the matmuls are a small share of a step (in a
+  traced step GroupQueryAttention took about half, the 11 matmuls 0.2-0.3 ms either way);
+  onnxruntime's int4 is 2.1-8.9x onnxkiln's.
   2 threads: 1.2-1.8x at hidden 512, 1.1-2.0x at hidden 256.
 """
 
