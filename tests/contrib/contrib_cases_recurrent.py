@@ -157,3 +157,97 @@ def ngram_hash_mapping(rng):
             names.pop()
         cases.append(Case(name, feeds, attrs, names=names, n_out=2))
     return cases
+
+
+@spec("VarlenNGramHashMapping")
+def varlen_ngram_hash_mapping(rng):
+    """NGramHashMapping over packed requests cut by cumulative_sequence_length, one history
+    row each (past_ids), eos resets inside the packed batch."""
+    cases = []
+    for name, dt, extra in (("int64", np.int64, {}), ("int32-past", np.int32, {"past": True}),
+                            ("eos-past", np.int64, {"past": True, "eos": 7})):
+        cu, n, heads = [0, 3, 4, 9], 3, 2
+        ids = rng.integers(0, 2**20, cu[-1]).astype(dt)
+        feeds = {"ids": ids, "m": (rng.integers(1, 2**20, n) * 2 + 1).astype(dt),
+                 "v": rng.integers(5, 1000, (n - 1) * heads).astype(dt), "cu": np.array(cu, I32)}
+        names = ["ids", "m", "v", "cu"]
+        attrs = {"max_ngram_size": n, "n_head_per_ngram": heads, "pad_id": 3}
+        if extra.get("past"):
+            feeds["p"] = rng.integers(0, 2**20, (len(cu) - 1, n - 1)).astype(dt)
+            names.append("p")
+        if "eos" in extra:
+            ids[1] = ids[6] = extra["eos"]
+            feeds["e"] = np.array(extra["eos"], dt)
+            names += ["", "e"]
+            attrs["reset_on_eos"] = 1
+        cases.append(Case(name, feeds, attrs, names=names, n_out=2))
+    return cases
+
+
+@spec("HyperConnectionPreMix")
+def hyper_connection_pre_mix(rng):
+    """Sum over C residual branches of x (B, S, C, H) weighted by pre_mix, grouped (4-D x) or
+    flattened (num_branches)."""
+    b, s, c, h = 2, 3, 4, 5
+    return [Case("grouped-scale", {"x": normal(rng, (b, s, c, h)), "p": normal(rng, (b, s, c, 1))},
+                 {"reduction_scale": 0.5}),
+            Case("grouped-per-channel", {"x": normal(rng, (b, s, c, h)),
+                                         "p": normal(rng, (b, s, c, h))}),
+            Case("flattened", {"x": normal(rng, (b, s, c * h)), "p": normal(rng, (b, s, c))},
+                 {"num_branches": c}),
+            Case("float16", {"x": normal(rng, (b, s, c, h), F16), "p": normal(rng, (b, s, c), F16)},
+                 rtol=2e-3, atol=2e-3)]
+
+
+@spec("HyperConnectionPostMix")
+def hyper_connection_post_mix(rng):
+    """Branches x (B, S, C, H) mixed by stream_mix (B, S, C, C) plus the block output spread
+    by post_mix."""
+    b, s, c, h = 2, 3, 4, 5
+    cases = []
+    for name, x, p, mix, attrs in (
+        ("with-stream-mix", (b, s, c, h), (b, s, c), True, {}),
+        ("no-stream-mix-per-channel", (b, s, c, h), (b, s, c, h), False, {}),
+        ("flattened", (b, s, c * h), (b, s, c), True, {"num_branches": c}),
+    ):
+        feeds = {"x": normal(rng, x), "bo": normal(rng, (b, s, h)), "p": normal(rng, p)}
+        if mix:
+            feeds["sm"] = normal(rng, (b, s, c, c))
+        cases.append(Case(name, feeds, attrs, rtol=1e-5, atol=1e-5))
+    return cases
+
+
+@spec("EngramGate")
+def engram_gate(rng):
+    """Engram's gate over keys/queries (B, S, C, H) with RMS-norm scales, applied to value
+    (B, S, H); the normed form also returns the conv-side RMS norm."""
+    b, s, c, h = 2, 3, 4, 5
+
+    def scale(dt=F32):
+        return (1 + 0.1 * rng.standard_normal((c, h))).astype(dt)
+
+    cases = []
+    for name, normed, dt, attrs, tol in (("plain", False, F32, {}, 1e-5),
+                                         ("normed-eps", True, F32, {"epsilon": 1e-3}, 1e-5),
+                                         ("float16-normed", True, F16, {}, 4e-3)):
+        feeds = {"k": normal(rng, (b, s, c, h), dt), "q": normal(rng, (b, s, c, h), dt),
+                 "v": normal(rng, (b, s, h), dt), "ks": scale(dt), "qs": scale(dt)}
+        if normed:
+            feeds["cs"] = scale(dt)
+        cases.append(Case(name, feeds, attrs, n_out=2 if normed else 1, rtol=tol, atol=tol))
+    return cases
+
+
+@spec("MoEGroupRouter")
+def moe_group_router(rng):
+    """Group-limited top-k routing of router logits (tokens, experts) plus a per-expert
+    correction bias, into router_probs."""
+    cases = []
+    for name, attrs in (("top2", {"top_k": 2}),
+                        ("groups", {"top_k": 3, "n_group": 4, "topk_group": 2}),
+                        ("group-topk", {"top_k": 2, "n_group": 4, "topk_group": 2,
+                                        "group_topk": 1}),
+                        ("sentinel", {"top_k": 1, "router_sentinel": -1e9})):
+        feeds = {"x": normal(rng, (6, 8)), "b": normal(rng, (8,), F32, 0.2)}
+        cases.append(Case(name, feeds, attrs))
+    return cases
