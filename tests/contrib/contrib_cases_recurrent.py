@@ -1,6 +1,7 @@
-"""Generated cases for the recurrent-state ops of linear-attention models (contrib_linattn.py,
-contrib_gdn.py, contrib_causalconv.py): LinearAttention and its gate, GatedDeltaNet's update
-rules and packings, and the causal convolutions with a carried state."""
+"""Generated cases for the newer model-block ops: the recurrent-state ops of linear-attention
+models (LinearAttention and its gate, GatedDeltaNet's update rules and packings, the causal
+convolutions with a carried state), Engram's n-gram hashing and gate, hyper-connection mixes
+and the grouped MoE router."""
 
 from __future__ import annotations
 
