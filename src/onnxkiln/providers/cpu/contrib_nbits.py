@@ -174,10 +174,13 @@ def has_vnni() -> bool:
     if not _HAS_VNNI:
         try:
             import llvmlite.binding as ll
+            from numba.core import config
 
             features = ll.get_host_cpu_features()
-            _HAS_VNNI.append(all(features.get(f, False)
-                                 for f in ("avx512f", "avx512bw", "avx512vnni")))
+            # numba compiles for the host unless told otherwise (NUMBA_CPU_NAME/FEATURES,
+            # e.g. for a portable cache): then the intrinsic might not be selectable
+            _HAS_VNNI.append(config.CPU_NAME is None and config.CPU_FEATURES is None and all(
+                features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")))
         except (ImportError, RuntimeError):
             _HAS_VNNI.append(False)
     return _HAS_VNNI[0]
