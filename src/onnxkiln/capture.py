@@ -44,7 +44,8 @@ VALUE_SHAPED: dict[str, tuple[int, ...] | None] = {
                                     "LogSumExp", "SumSquare")},
 }
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
-                              "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+                              "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout",
+                              "Sampling"})  # com.microsoft Sampling draws tokens
 _SHAPE_OF = frozenset({"Shape", "Size"})
 _COPIES = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 

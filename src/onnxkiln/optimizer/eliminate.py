@@ -21,7 +21,7 @@ __all__ = ["eliminate_common_subexpressions", "eliminate_dead", "eliminate_ident
 
 RANDOM_OPS = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-    "Multinomial", "Dropout",
+    "Multinomial", "Dropout", "Sampling",
 })
 PURE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "onnxkiln"})
 _DEDUP_LIMIT = 1024  # elements: larger initializers are never compared by content
