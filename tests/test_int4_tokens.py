@@ -9,6 +9,7 @@ takes a few seconds.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from bench import genai_models
 
@@ -32,6 +33,14 @@ def ort_tokens(folder) -> list[int]:
     return genai_models.greedy(sess, folder, PROMPT, STEPS)
 
 
+def first_logits(sess, folder, ort: bool) -> np.ndarray:
+    """The prompt step's logits (a sharper check than tokens: a product computed at another
+    precision moves them by ~1e-3 of their range, float rounding by ~1e-6)."""
+    io = genai_models.DecoderIO(folder)
+    feeds = io.feeds(np.asarray([PROMPT]), len(PROMPT), io.empty_past())
+    return (sess.run([io.logits], feeds) if ort else sess.run(feeds))[0]
+
+
 def our_tokens(folder) -> list[int]:
     path = genai_models.DecoderIO(folder).model_path
     sess = InferenceSession.builder().intra_op_threads(1).load(str(path))
@@ -46,6 +55,13 @@ def test_int4_greedy_tokens_match_onnxruntime(arch, level, monkeypatch):
     assert len(set(expected)) > 3  # a sequence that says something, not one token repeated
     monkeypatch.setattr(_numba, "ENABLED", True)
     assert our_tokens(folder) == expected
+    import onnxruntime as ort
+
+    path = str(genai_models.DecoderIO(folder).model_path)
+    theirs = first_logits(ort.InferenceSession(path, providers=["CPUExecutionProvider"]), folder,
+                          True)
+    mine = first_logits(InferenceSession.builder().load(path), folder, False)
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=2e-5 * float(np.ptp(theirs)))
     if level is None:  # the numpy fallback of the level-4 kernel gives the same tokens
         monkeypatch.setattr(_numba, "ENABLED", False)
         assert our_tokens(folder) == expected
