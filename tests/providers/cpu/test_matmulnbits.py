@@ -25,6 +25,19 @@ ROWS = (1, 3, 64)  # a decode step, a few rows (numba kernel), a prefill (one GE
 TIGHT = 2e-6  # of the largest |output|: float rounding
 
 
+def _other_lanes() -> tuple[int, ...]:
+    """The 4-bit kernels this CPU runs besides its best: AVX2's and the float one."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return ()
+    best = contrib_nbits.host_lanes()
+    return tuple(n for n in (8, 0) if n < best) or ((0,) if best else ())
+
+
+OTHER_LANES = _other_lanes()
+
+
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """Values in [0, 2^bits) packed 8 // bits to a byte along the last axis, low bits first."""
     per = 8 // bits
@@ -60,11 +73,11 @@ def nbits_model(k, n, bits, block, level, inits, names, a_shape=("M",), dtype=F3
     return m
 
 
-def ours(model, feeds, numba: bool, monkeypatch, vnni: bool = True) -> np.ndarray:
+def ours(model, feeds, numba: bool, monkeypatch, lanes: int | None = None) -> np.ndarray:
     """Three runs (generic, recording, specialised) must agree; the last is returned.
-    `vnni` False keeps 4-bit weights on the float kernel even on a VNNI CPU."""
+    `lanes` picks the 4-bit kernel: None the CPU's best, 8 AVX2's, 0 the float kernel."""
     monkeypatch.setattr(_numba, "ENABLED", numba)
-    monkeypatch.setattr(contrib_nbits, "VNNI", vnni)
+    monkeypatch.setattr(contrib_nbits, "INT_LANES", lanes)
     sess = InferenceSession.builder().from_graph(model)
     outs = [sess.run(dict(feeds))[0] for _ in range(3)]
     for o in outs[1:]:
@@ -81,14 +94,15 @@ def check(model, rng, k, monkeypatch, rows=ROWS, tol=TIGHT, dtype=F32):
         ref = run_ort(model, feeds)[0]
         big = float(np.abs(ref.astype(F32)).max())
         fast, slow = (ours(model, feeds, flag, monkeypatch) for flag in (True, False))
-        tiles = ours(model, feeds, True, monkeypatch, vnni=False)
-        for got in (fast, slow, tiles):
+        others = [ours(model, feeds, True, monkeypatch, lanes) for lanes in OTHER_LANES]
+        for got in (fast, slow, *others):
             assert got.dtype == ref.dtype and got.shape == ref.shape
             np.testing.assert_allclose(got.astype(F32), ref.astype(F32), rtol=0,
                                        atol=tol * big, err_msg=f"M={m}")
         if level == 4:
             np.testing.assert_array_equal(fast, slow, err_msg=f"M={m}: numba vs numpy")
-            np.testing.assert_array_equal(tiles, slow, err_msg=f"M={m}: float kernel vs numpy")
+            for lanes, got in zip(OTHER_LANES, others):
+                np.testing.assert_array_equal(got, slow, err_msg=f"M={m}: {lanes} lanes")
 
 
 GRID = [(bits, block, k, zp) for bits in (2, 4, 8)
@@ -189,9 +203,7 @@ def test_numba_kernel_is_used_for_few_rows(monkeypatch):
     rng = np.random.default_rng(2)
     inits, names = weights(rng, 64, 8, 4, 32, None)
     model = nbits_model(64, 8, 4, 32, 4, inits, names)
-    from onnxkiln.providers.cpu.contrib_nbits import has_vnni
-
-    fast = "int8_vnni" if has_vnni() else "int8_numba"  # 4 bits: vpdpbusd where the CPU has it
+    fast = {16: "int8_vnni", 8: "int8_avx2"}.get(contrib_nbits.host_lanes(), "int8_numba")
     for numba, m, variant in ((True, 2, fast), (True, 64, "int8_blas"), (False, 2, "int8_blas")):
         monkeypatch.setattr(_numba, "ENABLED", numba)
         ctx = TraceContext.in_memory()
@@ -260,8 +272,8 @@ def test_bad_activations_refused():
         sess.run({"A": np.zeros((2, 63), F32)})
 
 
-@pytest.mark.parametrize("vnni", [True, False])
-def test_column_chunks_across_threads_give_the_same_bits(vnni, monkeypatch):
+@pytest.mark.parametrize("lanes", [None, 8, 0])
+def test_column_chunks_across_threads_give_the_same_bits(lanes, monkeypatch):
     """The kernel's column tiles split across the pool (forced: no timing threshold) give
     the single-thread result exactly."""
     pytest.importorskip("numba", reason="numba (the `fast` extra) is not installed")
@@ -272,7 +284,7 @@ def test_column_chunks_across_threads_give_the_same_bits(vnni, monkeypatch):
     inits, names = weights(rng, 256, 200, 4, 32, "packed")
     model = nbits_model(256, 200, 4, 32, 4, inits, names)
     feeds = {"A": rng.standard_normal((3, 256)).astype(F32)}
-    monkeypatch.setattr(contrib_nbits, "VNNI", vnni)
+    monkeypatch.setattr(contrib_nbits, "INT_LANES", lanes)
     one = InferenceSession.builder().intra_op_threads(1).from_graph(model)
     expected = [one.run(feeds)[0] for _ in range(3)][-1]
     monkeypatch.setattr(_gemm, "SPLIT_MIN_S", 0.0)

@@ -135,22 +135,33 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4-bit weights on CPUs with AVX-512 VNNI: int8 x uint4 dot products in int32 (vpdpbusd)
+# 4-bit weights with integer SIMD: int8 x uint4 dot products in int32 (AVX-512 VNNI's vpdpbusd,
+# or AVX2's vpmaddubsw + vpmaddwd)
 
-VNNI_TILE = 16  # output columns per tile: the 16 int32 lanes of one 512-bit register
 
 
-_I8, _I32, _I64, _F = (llvm_ir.IntType(8), llvm_ir.IntType(32), llvm_ir.IntType(64),
-                      llvm_ir.FloatType())
-_V64I8, _V16I32, _V16F = (llvm_ir.VectorType(_I8, 64), llvm_ir.VectorType(_I32, 16),
-                          llvm_ir.VectorType(_F, 16))
+_I8, _I16, _I32, _I64, _F = (llvm_ir.IntType(8), llvm_ir.IntType(16), llvm_ir.IntType(32),
+                           llvm_ir.IntType(64), llvm_ir.FloatType())
+
+
+def _intrinsic_fn(builder, name, ret, params):
+    return builder.module.globals.get(name) or llvm_ir.Function(
+        builder.module, llvm_ir.FunctionType(ret, params), name)
 
 
 class _TileEmitter:
-    """LLVM IR of `_tile_dots`: pointers to its arrays and the vector helpers it needs."""
+    """LLVM IR of `_tile_dots16` / `_tile_dots8`: one row against one tile of `lanes` columns.
 
-    def __init__(self, context, builder, signature, args):
-        self.builder, self.args = builder, args
+    16 lanes: AVX-512 VNNI's vpdpbusd adds 4 uint8 x int8 products into each int32 lane. 8
+    lanes (AVX2): vpmaddubsw adds pairs into int16 (at most 2 * 15 * 128 = 3840: no
+    saturation) and vpmaddwd by ones adds those pairs into int32: the same integers.
+    """
+
+    def __init__(self, context, builder, signature, args, lanes):
+        self.builder, self.args, self.lanes = builder, args, lanes
+        self.vbytes = llvm_ir.VectorType(_I8, 4 * lanes)
+        self.vint = llvm_ir.VectorType(_I32, lanes)
+        self.vflt = llvm_ir.VectorType(_F, lanes)
 
         def ptr(i, ty):
             arr = context.make_array(signature.args[i])(context, builder, args[i])
@@ -158,9 +169,6 @@ class _TileEmitter:
 
         self.b, self.a = ptr(0, _I8), ptr(2, _I8)
         self.sc, self.z, self.asc, self.zs, self.out = (ptr(i, _F) for i in (6, 7, 9, 10, 12))
-        name = "llvm.x86.avx512.vpdpbusd.512"
-        self.dot = builder.module.globals.get(name) or llvm_ir.Function(
-            builder.module, llvm_ir.FunctionType(_V16I32, [_V16I32] * 3), name)
 
     def const(self, value, ty=_I64):
         return llvm_ir.Constant(ty, value)
@@ -168,36 +176,50 @@ class _TileEmitter:
     def splat(self, value, vec):
         undef = llvm_ir.Constant(vec, llvm_ir.Undefined)
         first = self.builder.insert_element(undef, value, self.const(0, _I32))
-        return self.builder.shuffle_vector(first, undef, llvm_ir.Constant(_V16I32, [0] * 16))
+        mask = llvm_ir.Constant(llvm_ir.VectorType(_I32, vec.count), [0] * vec.count)
+        return self.builder.shuffle_vector(first, undef, mask)
 
     def load(self, ptr, offset, ty):
         cast = self.builder.bitcast(self.builder.gep(ptr, [offset]), ty.as_pointer())
         return self.builder.load(cast, align=1)
 
+    def dot(self, isum, nibbles, word):
+        """isum + per lane the sum of its 4 uint8 nibbles times the 4 int8 of `word`."""
+        bld = self.builder
+        acts = self.splat(word, self.vint)
+        if self.lanes == 16:
+            fn = _intrinsic_fn(bld, "llvm.x86.avx512.vpdpbusd.512", self.vint, [self.vint] * 3)
+            return bld.call(fn, [isum, bld.bitcast(nibbles, self.vint), acts])
+        v16 = llvm_ir.VectorType(_I16, 16)
+        pairs = bld.call(_intrinsic_fn(bld, "llvm.x86.avx2.pmadd.ub.sw", v16,
+                                       [self.vbytes, self.vbytes]),
+                         [nibbles, bld.bitcast(acts, self.vbytes)])
+        quads = bld.call(_intrinsic_fn(bld, "llvm.x86.avx2.pmadd.wd", self.vint, [v16, v16]),
+                         [pairs, llvm_ir.Constant(v16, [1] * 16)])
+        return bld.add(isum, quads)
+
     def quad(self, k, i, isum):
-        """isum + the vpdpbusd products of quad i of block k."""
-        bld, args = self.builder, self.args
+        """isum + the products of quad i of block k."""
+        bld, args, width = self.builder, self.args, 4 * self.lanes
         g = bld.add(bld.mul(k, args[4]), i)
-        raw = self.load(self.b, bld.add(args[1], bld.mul(g, self.const(64))), _V64I8)
-        nib = llvm_ir.Constant(_V64I8, [15] * 64)
+        raw = self.load(self.b, bld.add(args[1], bld.mul(g, self.const(width))), self.vbytes)
+        nib = llvm_ir.Constant(self.vbytes, [15] * width)
         lo = bld.and_(raw, nib)
-        hi = bld.and_(bld.lshr(raw, llvm_ir.Constant(_V64I8, [4] * 64)), nib)
+        hi = bld.and_(bld.lshr(raw, llvm_ir.Constant(self.vbytes, [4] * width)), nib)
         a_at = bld.add(args[3], bld.mul(g, self.const(8)))
         for half, bits in ((0, lo), (4, hi)):
-            word = self.load(self.a, bld.add(a_at, self.const(half)), _I32)
-            isum = bld.call(self.dot, [isum, bld.bitcast(bits, _V16I32),
-                                       self.splat(word, _V16I32)])
+            isum = self.dot(isum, bits, self.load(self.a, bld.add(a_at, self.const(half)), _I32))
         return isum
 
     def scaled(self, k, isum, acc):
         """acc + (a_scale * b_scales) * (dots - zero_points * a_sum) for block k."""
-        bld, args = self.builder, self.args
+        bld, args, vflt = self.builder, self.args, self.vflt
         r = bld.add(args[11], k)
-        p = bld.add(args[8], bld.mul(k, self.const(16)))
+        p = bld.add(args[8], bld.mul(k, self.const(self.lanes)))
         a_s, z_s = bld.load(bld.gep(self.asc, [r])), bld.load(bld.gep(self.zs, [r]))
-        value = bld.fsub(bld.sitofp(isum, _V16F),
-                         bld.fmul(self.load(self.z, p, _V16F), self.splat(z_s, _V16F)))
-        step = bld.fmul(bld.fmul(self.splat(a_s, _V16F), self.load(self.sc, p, _V16F)), value)
+        value = bld.fsub(bld.sitofp(isum, vflt),
+                         bld.fmul(self.load(self.z, p, vflt), self.splat(z_s, vflt)))
+        step = bld.fmul(bld.fmul(self.splat(a_s, vflt), self.load(self.sc, p, vflt)), value)
         return bld.fadd(acc, step)
 
     def emit(self):
@@ -209,14 +231,14 @@ class _TileEmitter:
             for n in ("block", "quad", "quad_body", "block_end", "done"))
         bld.branch(blk_head)
         bld.position_at_end(blk_head)
-        k, acc = bld.phi(_I64), bld.phi(_V16F)
+        k, acc = bld.phi(_I64), bld.phi(self.vflt)
         k.add_incoming(self.const(0), entry)
-        acc.add_incoming(llvm_ir.Constant(_V16F, None), entry)
+        acc.add_incoming(llvm_ir.Constant(self.vflt, None), entry)
         bld.cbranch(bld.icmp_signed("<", k, args[5]), quad_head, done)
         bld.position_at_end(quad_head)
-        i, isum = bld.phi(_I64), bld.phi(_V16I32)
+        i, isum = bld.phi(_I64), bld.phi(self.vint)
         i.add_incoming(self.const(0), blk_head)
-        isum.add_incoming(llvm_ir.Constant(_V16I32, None), blk_head)
+        isum.add_incoming(llvm_ir.Constant(self.vint, None), blk_head)
         bld.cbranch(bld.icmp_signed("<", i, args[4]), quad_body, blk_tail)
         bld.position_at_end(quad_body)
         i.add_incoming(bld.add(i, self.const(1)), quad_body)
@@ -227,40 +249,72 @@ class _TileEmitter:
         acc.add_incoming(self.scaled(k, isum, acc), blk_tail)
         bld.branch(blk_head)
         bld.position_at_end(done)
-        bld.store(acc, bld.bitcast(self.out, _V16F.as_pointer()), align=4)
+        bld.store(acc, bld.bitcast(self.out, self.vflt.as_pointer()), align=4)
+
+
+_TILE_DOTS_DOC = """out[0:lanes] = one row's results for one tile of `lanes` columns over all K
+    blocks, in registers: per block, the int32 dot products of `quads` groups of 4 * lanes
+    bytes of b (lanes columns x 4 bytes, two 4-bit values a byte, low first) with 8 int8
+    activations a group (the 4 low-nibble partners, then the 4 high-nibble ones); then
+    acc += (asc[r_off + k] * sc[p_off + lanes * k + lane]) * (dot - z[...] * zs[r_off + k]),
+    each operation rounded on its own (no contraction), as nbits_tiles and numpy do."""
 
 
 @intrinsic
-def _tile_dots(typingctx, b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off,
-               out):
-    """out[0:16] = one row's results for one tile of 16 columns over all K blocks, in
-    registers: per block, the int32 dot products of `quads` groups of 64 bytes of b (16
-    columns x 4 bytes, two 4-bit values a byte, low first) with 8 int8 activations a group
-    (the 4 low-nibble partners, then the 4 high-nibble ones), by vpdpbusd; then
-    acc += (asc[r_off + k] * sc[p_off + 16k + lane]) * (dot - z[...] * zs[r_off + k]),
-    each operation rounded on its own (no contraction), as nbits_tiles and numpy do."""
+def _tile_dots16(typingctx, b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off,
+                 out):
     sig = types.void(b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off, out)
 
     def codegen(context, builder, signature, args):
-        _TileEmitter(context, builder, signature, args).emit()
+        _TileEmitter(context, builder, signature, args, 16).emit()
         return context.get_dummy_value()
 
     return sig, codegen
 
 
+@intrinsic
+def _tile_dots8(typingctx, b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off,
+                out):
+    sig = types.void(b, b_off, a, a_off, quads, blocks, sc, z, p_off, asc, zs, r_off, out)
+
+    def codegen(context, builder, signature, args):
+        _TileEmitter(context, builder, signature, args, 8).emit()
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_tile_dots16.__doc__ = _tile_dots8.__doc__ = _TILE_DOTS_DOC
+
+
 def nbits_vnni(qa, a_sum, a_scale, b, scales, zeros, m_len, n_len, t0, t1, d, acc, y):
     """nbits_tiles for 4-bit weights through vpdpbusd: b (tiles, k_blocks, quads, 16, 4) uint8,
-    qa (M, k_blocks, quads, 8) int8 (nbits_quantize_vnni); acc (16,) float32 is scratch
+    qa (M, k_blocks, quads, 8) int8 (nbits_quantize_vnni); acc (M, 16) float32 is scratch
     (d is unused: kept for the signature). Same integers, same scaling order: the same bits
     as nbits_tiles."""
     n_blocks, quads = b.shape[1], b.shape[2]
     for t in range(t0, t1):
-        base = t * VNNI_TILE
-        width = min(VNNI_TILE, n_len - base)
+        base = t * 16
+        width = min(16, n_len - base)
         for m in range(m_len):
-            _tile_dots(b, t * n_blocks * quads * 64, qa, m * n_blocks * quads * 8, quads,
-                       n_blocks, scales, zeros, t * n_blocks * VNNI_TILE, a_scale, a_sum,
-                       m * n_blocks, acc)
+            _tile_dots16(b, t * n_blocks * quads * 64, qa, m * n_blocks * quads * 8, quads,
+                         n_blocks, scales, zeros, t * n_blocks * 16, a_scale, a_sum,
+                         m * n_blocks, acc)
+            for q in range(width):
+                y[m, base + q] = acc[0, q]
+
+
+def nbits_avx2(qa, a_sum, a_scale, b, scales, zeros, m_len, n_len, t0, t1, d, acc, y):
+    """nbits_vnni on AVX2 (vpmaddubsw + vpmaddwd), tiles of 8 columns: b (tiles, k_blocks,
+    quads, 8, 4). The same bits."""
+    n_blocks, quads = b.shape[1], b.shape[2]
+    for t in range(t0, t1):
+        base = t * 8
+        width = min(8, n_len - base)
+        for m in range(m_len):
+            _tile_dots8(b, t * n_blocks * quads * 32, qa, m * n_blocks * quads * 8, quads,
+                        n_blocks, scales, zeros, t * n_blocks * 8, a_scale, a_sum, m * n_blocks,
+                        acc)
             for q in range(width):
                 y[m, base + q] = acc[0, q]
 

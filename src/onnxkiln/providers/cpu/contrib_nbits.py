@@ -18,14 +18,15 @@ kernel computes, probed on generated inputs (tests/providers/cpu/test_matmulnbit
   (relative error ~1). onnxkiln applies the op's definition in both cases.
 
 Paths at level 4: with numba, products of up to NUMBA_ROWS_MAX rows of A (decode steps, small
-batches) read the packed weights, never a float32 matrix: 4-bit weights on CPUs with AVX-512
-VNNI through `_numba_nbits.nbits_vnni` (vpdpbusd: int8 x uint4 in int32), everything else
-through `nbits_tiles` (exact integer sums in float32 arithmetic). The numpy fallback forms the
-same per-block integer products with BLAS. All three give the same bits: the per-block dot
-products are exact integers and the blocks are scaled and summed in the same order. Larger
-products (prefill) multiply the dequantized int8 activations by float32 weights built once
-per node in one GEMM, with and without numba (onnxruntime's numbers to float rounding). The
-float levels use that float32 matrix and BLAS.
+batches) read the packed weights, never a float32 matrix: 4-bit weights through
+`_numba_nbits.nbits_vnni` (AVX-512 VNNI's vpdpbusd: int8 x uint4 in int32) or `nbits_avx2`
+(vpmaddubsw + vpmaddwd) where the CPU has them, everything else through `nbits_tiles`
+(exact integer sums in float32 arithmetic). The numpy fallback forms the same per-block
+integer products with BLAS. All give the same bits: the per-block dot products are exact
+integers and the blocks are scaled and summed in the same order. Larger products (prefill)
+multiply the dequantized int8 activations by float32 weights built once per node in one
+GEMM, with and without numba (onnxruntime's numbers to float rounding). The float levels
+use that float32 matrix and BLAS.
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ OP = "MatMulNBits"
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
 _FLOATS = frozenset({_F32, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
-TILE = 32  # _numba_nbits.TILE and VNNI_TILE (that module imports numba)
-VNNI_TILE = 16
+TILE = 32  # _numba_nbits.TILE (that module imports numba)
 NUMBA_ROWS_MAX = 16
 """Rows of A up to which the numba kernel runs (decode steps, small batches); beyond, BLAS on
 the float32 matrix wins: it computes each weight once for all rows."""
@@ -164,26 +164,39 @@ def _tiles(v: np.ndarray, width: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(t, 1, -1))
 
 
-VNNI = True  # use nbits_vnni where the CPU has VNNI (tests switch it off for nbits_tiles)
-_HAS_VNNI: list[bool] = []
+INT_LANES: int | None = None
+"""Columns per register of the integer 4-bit kernel: None picks the CPU's best (16 with
+AVX-512 VNNI, 8 with AVX2, 0 without: the float kernel); tests set 8 or 0 to run the others."""
+_HOST_LANES: list[int] = []
 
 
-def has_vnni() -> bool:
-    """Whether this CPU runs AVX-512 VNNI (vpdpbusd) code; asked of llvmlite, so only after
-    numba has loaded."""
-    if not _HAS_VNNI:
+def int_lanes() -> int:
+    """16, 8 or 0 (module INT_LANES); asks llvmlite, so only after numba has loaded."""
+    if INT_LANES is not None:
+        return INT_LANES if INT_LANES in (0, 8) or host_lanes() == 16 else 0
+    return host_lanes()
+
+
+def host_lanes() -> int:
+    """16 with AVX-512 VNNI (+F, BW), 8 with AVX2, else 0, for the CPU numba compiles for."""
+    if not _HOST_LANES:
+        lanes = 0
         try:
             import llvmlite.binding as ll
             from numba.core import config
 
             features = ll.get_host_cpu_features()
             # numba compiles for the host unless told otherwise (NUMBA_CPU_NAME/FEATURES,
-            # e.g. for a portable cache): then the intrinsic might not be selectable
-            _HAS_VNNI.append(config.CPU_NAME is None and config.CPU_FEATURES is None and all(
-                features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")))
+            # e.g. for a portable cache): then the intrinsics might not be selectable
+            if config.CPU_NAME is None and config.CPU_FEATURES is None:
+                if all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")):
+                    lanes = 16
+                elif features.get("avx2", False):
+                    lanes = 8
         except (ImportError, RuntimeError):
-            _HAS_VNNI.append(False)
-    return _HAS_VNNI[0]
+            pass
+        _HOST_LANES.append(lanes)
+    return _HOST_LANES[0]
 
 
 class _Fast(NamedTuple):
@@ -214,14 +227,14 @@ class NbitsMatMul:
         self._dense: np.ndarray | None = None  # W.T (K, N), dequantized
         self._ints: np.ndarray | None = None  # (k_blocks, block, N): q - zero_point
         self._tiled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._tiled_vnni: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._fast_kernel: _Fast | None = None
         self.fast = _numba.lazy("nbits_tiles", _F32) if int8 else None
         self.quant = _numba.lazy("nbits_quantize", _F32) if int8 else None
         self.requant = _numba.lazy("nbits_requantize", _F32) if int8 else None
-        vnni = int8 and g.bits == 4
-        self.vnni = _numba.lazy("nbits_vnni", _F32) if vnni else None
-        self.quant_vnni = _numba.lazy("nbits_quantize_vnni", _F32) if vnni else None
+        four = int8 and g.bits == 4
+        self.vnni = _numba.lazy("nbits_vnni", _F32) if four else None
+        self.avx2 = _numba.lazy("nbits_avx2", _F32) if four else None
+        self.quant_vnni = _numba.lazy("nbits_quantize_vnni", _F32) if four else None
 
     # ------------------------------------------------------------------ prepared weights
     def _centered(self) -> np.ndarray:
@@ -250,15 +263,14 @@ class NbitsMatMul:
             self._tiled = (_tiles(self._b, TILE), _tiles(self._s, TILE), _tiles(self._z, TILE))
         return self._tiled
 
-    def tiled_vnni(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(B, scales, zero points) for nbits_vnni: B as (tiles, k_blocks, quads, 16, 4), the
-        4 bytes of a column's quad side by side (vpdpbusd sums 4 adjacent byte products)."""
-        if self._tiled_vnni is None:
-            g = self.g
-            b = _tiles(self._b.reshape(g.n, g.n_blocks, g.blob // 4, 4), VNNI_TILE)
-            self._tiled_vnni = (np.ascontiguousarray(b.transpose(0, 1, 2, 4, 3)),
-                                _tiles(self._s, VNNI_TILE), _tiles(self._z, VNNI_TILE))
-        return self._tiled_vnni
+    def tiled_int(self, lanes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, scales, zero points) for nbits_vnni / nbits_avx2: B as (tiles, k_blocks, quads,
+        lanes, 4), the 4 bytes of a column's quad side by side (the instructions sum 4
+        adjacent byte products into an int32 lane)."""
+        g = self.g
+        b = _tiles(self._b.reshape(g.n, g.n_blocks, g.blob // 4, 4), lanes)
+        return (np.ascontiguousarray(b.transpose(0, 1, 2, 4, 3)), _tiles(self._s, lanes),
+                _tiles(self._z, lanes))
 
     # ------------------------------------------------------------------ activations
     def quantize(self, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -303,22 +315,27 @@ class NbitsMatMul:
             y += (sc[:, k, None] * s[None, :, k]) * dots[k]
         return y
 
-    def _use_vnni(self) -> bool:
-        return (VNNI and self.vnni is not None and self.quant_vnni is not None and has_vnni()
-                and self.vnni.ready() and self.quant_vnni.ready())
+    def _int_kernel(self) -> tuple[Callable[..., None], int] | None:
+        """(nbits_vnni or nbits_avx2, lanes) for 4-bit weights where the CPU has them."""
+        lanes = int_lanes() if self.vnni is not None else 0
+        handle = {16: self.vnni, 8: self.avx2}.get(lanes)
+        if handle is None or not handle.ready() or not self.quant_vnni.ready():
+            return None
+        return handle.fn, lanes
 
     def _kernel(self) -> _Fast | None:
-        """The numba kernel for this node (nbits_vnni for 4 bits on a VNNI CPU, else
-        nbits_tiles), built once; None when numba is off or does not import."""
+        """The numba kernel for this node (nbits_vnni / nbits_avx2 for 4 bits where the CPU
+        has them, else nbits_tiles), built once; None when numba is off or does not import."""
         if self._fast_kernel is None:
             if (self.fast is None or self.quant is None or not self.fast.ready()
                     or not self.quant.ready()):
                 return None
             g = self.g
-            if self._use_vnni():
-                fn, quant = self.vnni.fn, self.quant_vnni.fn
-                b, s, z = self.tiled_vnni()
-                scratch = np.empty(VNNI_TILE, np.int32)  # unused by the kernel
+            integer = self._int_kernel()
+            if integer is not None:
+                (fn, lanes), quant = integer, self.quant_vnni.fn
+                b, s, z = self.tiled_int(lanes)
+                scratch = np.empty(16, np.int32)  # unused by the kernels
 
                 def prepare(a2):
                     m = a2.shape[0]
@@ -328,8 +345,7 @@ class NbitsMatMul:
                     return prep
 
                 def compute(prep, m, t0, t1, y):
-                    fn(*prep, b, s, z, m, g.n, t0, t1, scratch, np.empty((m, VNNI_TILE), _F32),
-                       y)
+                    fn(*prep, b, s, z, m, g.n, t0, t1, scratch, np.empty((m, lanes), _F32), y)
             else:
                 fn, quant = self.fast.fn, self.quant.fn
                 b, s, z = self.tiled()
@@ -344,8 +360,8 @@ class NbitsMatMul:
                 def compute(prep, m, t0, t1, y):
                     fn(*prep, b, s, z, g.bits, m, g.n, t0, t1, np.empty((m, TILE), _F32),
                        np.empty((m, TILE), _F32), y)
-            self._fast_kernel = _Fast(prepare, compute, b.shape[0],
-                                      "vnni" if self._use_vnni() else "numba")
+            name = {16: "vnni", 8: "avx2"}[integer[1]] if integer is not None else "numba"
+            self._fast_kernel = _Fast(prepare, compute, b.shape[0], name)
         return self._fast_kernel
 
     def numba_product(self, m: int) -> tuple[Callable[[np.ndarray], np.ndarray], str] | None:
@@ -561,6 +577,7 @@ def _signature_requantize(dt: np.dtype):
 _numba.register("nbits_requantize", "onnxkiln.providers.cpu._numba_nbits",
                 _signature_requantize, (_F32,))
 _numba.register("nbits_vnni", "onnxkiln.providers.cpu._numba_nbits", _signature_vnni, (_F32,))
+_numba.register("nbits_avx2", "onnxkiln.providers.cpu._numba_nbits", _signature_vnni, (_F32,))
 _numba.register("nbits_quantize_vnni", "onnxkiln.providers.cpu._numba_nbits",
                 _signature_quantize_vnni, (_F32,))
 _numba.register("nbits_tiles", "onnxkiln.providers.cpu._numba_nbits", _signature_tiles,
