@@ -172,9 +172,8 @@ _HOST_LANES: list[int] = []
 
 def int_lanes() -> int:
     """16, 8 or 0 (module INT_LANES); asks llvmlite, so only after numba has loaded."""
-    if INT_LANES is not None:
-        return INT_LANES if INT_LANES in (0, 8) or host_lanes() == 16 else 0
-    return host_lanes()
+    best = host_lanes()
+    return best if INT_LANES is None else (INT_LANES if best >= INT_LANES else 0)
 
 
 def host_lanes() -> int:
