@@ -1,0 +1,231 @@
+"""One compiled pass for a float32 GroupQueryAttention decode step (one query row per batch
+entry), loaded through `_numba.register` and imported by numba only when a run first needs it.
+
+The numpy path spends a decode step in a few dozen small dispatches per node (split, rotary
+on q and k, present = past + new, scores, softmax, weighted sum). `gqa_decode` does them in
+one loop nest per batch entry: rotate k into the cache row at seqlens_k, copy v there, then
+for every query head rotate q, score the valid keys (the last local_window_size ones when
+windowed), soft-cap, softmax (max subtracted, float32) and sum the values.
+
+`decode` (plain Python, numpy only) checks that a call is one this kernel covers, prepares
+the operands, and returns None otherwise so the caller keeps the numpy path (which also
+raises the errors for bad input).
+
+Arithmetic is float32 as in the numpy path. Rotary products and differences round exactly as
+numpy's (no fused multiply-add: fastmath is off); the dot products, the softmax denominator
+and the weighted sums add in index order instead of BLAS's and numpy's pairwise order, and
+expf may differ from numpy's vectorized exp by an ulp, so results agree to ~1e-6 relative,
+not bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+_NO_TABLE = np.zeros((1, 1), np.float32)
+
+
+def signature(dt: np.dtype) -> tuple:
+    """The numba signature of `gqa_decode` (float32 only)."""
+    from numba import types
+
+    f = types.float32
+
+    def arr(nd: int, ro: bool = True, t=f):
+        return types.Array(t, nd, "C", readonly=ro)
+
+    return (arr(2), arr(2), arr(2), arr(4), arr(4), arr(4, False), arr(4, False),
+            arr(1, t=types.int64), arr(1, t=types.int64), arr(2), arr(2),
+            types.UniTuple(types.int64, 11), types.UniTuple(f, 3), arr(2, False))
+
+
+def gqa_decode(qa, ka, va, past_k, past_v, pres_k, pres_v, pos, rpos, cos, sin, dims,
+               reals, out):
+    """One decode step of every batch entry b: the new key/value go to row pos[b] of
+    pres_k/pres_v (first filled from past_* when dims[7], the growing form), then each query
+    head attends over rows [start, pos[b] + 1) of its kv head into out[b]."""
+    n, nk, h, hv, q_off, k_off, v_off, copy_past, rotary, interleaved, window = dims
+    scale, inv_cap, softcap = reals
+    zero = np.float32(0.0)
+    half = cos.shape[1] if rotary else 0
+    rot = 2 * half
+    g = n // nk
+    past_len = past_k.shape[2]
+    cap = pres_k.shape[2]
+    def rotate_row(x, x0, p, dst):
+        """dst[:h] = x[x0:x0 + h] with its first `rot` channels rotated by table row p (an
+        inner function: numba inlines it, a module-level one would need numba at import)."""
+        for d in range(half):
+            if interleaved:
+                a, b = x[x0 + 2 * d], x[x0 + 2 * d + 1]
+            else:
+                a, b = x[x0 + d], x[x0 + half + d]
+            c, s = cos[p, d], sin[p, d]
+            re = a * c
+            re -= b * s
+            im = a * s
+            im += b * c
+            if interleaved:
+                dst[2 * d], dst[2 * d + 1] = re, im
+            else:
+                dst[d], dst[half + d] = re, im
+        for d in range(rot, h):
+            dst[d] = x[x0 + d]
+
+    qr = np.empty(h, np.float32)
+    kr = np.empty(h, np.float32)
+    scores = np.empty(cap, np.float32)
+    for b in range(qa.shape[0]):
+        p = pos[b]
+        t = p + 1
+        start = max(0, t - window) if window > 0 else 0
+        for j in range(nk):
+            if copy_past:
+                keep = min(p, past_len)
+                for r in range(keep):
+                    for d in range(h):
+                        pres_k[b, j, r, d] = past_k[b, j, r, d]
+                    for d in range(hv):
+                        pres_v[b, j, r, d] = past_v[b, j, r, d]
+                for r in range(keep, cap):
+                    for d in range(h):
+                        pres_k[b, j, r, d] = zero
+                    for d in range(hv):
+                        pres_v[b, j, r, d] = zero
+            rotate_row(ka[b], k_off + j * h, rpos[b], kr)
+            for d in range(h):
+                pres_k[b, j, p, d] = kr[d]
+            for d in range(hv):
+                pres_v[b, j, p, d] = va[b, v_off + j * hv + d]
+        for i in range(n):
+            j = i // g
+            rotate_row(qa[b], q_off + i * h, rpos[b], qr)
+            top = np.float32(-np.inf)
+            for u in range(start, t):
+                acc = zero
+                for d in range(h):
+                    acc += qr[d] * pres_k[b, j, u, d]
+                acc *= scale
+                if softcap > zero:
+                    acc *= inv_cap
+                    acc = np.tanh(acc)
+                    acc *= softcap
+                scores[u] = acc
+                if acc > top:
+                    top = acc
+            total = zero
+            for u in range(start, t):
+                e = np.exp(scores[u] - top)
+                scores[u] = e
+                total += e
+            if total < np.float32(1.0):
+                total = np.float32(1.0)
+            inv = np.float32(1.0) / total
+            o0 = i * hv
+            for d in range(hv):
+                out[b, o0 + d] = zero
+            for u in range(start, t):
+                w = scores[u] * inv
+                for d in range(hv):
+                    out[b, o0 + d] += w * pres_v[b, j, u, d]
+
+
+def _f32_c(x: np.ndarray) -> bool:
+    return x.dtype == _F32 and x.flags.c_contiguous
+
+
+def _rotary_positions(position_ids, seqlens, total: int, rows: int):
+    """Table rows of the new tokens, or None when out of range (the numpy path raises)."""
+    if position_ids is None:
+        rpos = seqlens
+    else:
+        rpos = np.ascontiguousarray(position_ids, _I64).reshape(-1)
+        if total == 1:  # a one-token first prompt: onnxruntime reads only the first element
+            rpos = np.full(rpos.shape, rpos[0], _I64)
+    if rpos.size and (rpos.min() < 0 or rpos.max() >= rows):
+        return None
+    return rpos
+
+
+def decode(fn: Any, n: int, nk: int, rotary: bool, interleaved: bool, scale: float | None,
+           softcap: float, window: int, query, key, value, past_key, past_value, seqlens_k, total,
+           cos_cache, sin_cache, position_ids, into: Sequence[Any] | None):
+    """(out (B, 1, N*Hv), present_key, present_value) by `fn` (the compiled gqa_decode) for
+    a float32 one-token step over a float past, or None when this call is outside what the
+    kernel covers. `into`: the bindings of an in-place step (written at seqlens_k)."""
+    if query.ndim != 3 or query.shape[1] != 1 or not _f32_c(query) or past_key is None \
+            or past_value is None or seqlens_k is None or total is None or total.size != 1:
+        return None
+    b, _, d = query.shape
+    if key is None and value is None:
+        if d % (n + 2 * nk):
+            return None
+        h = hv = d // (n + 2 * nk)
+        ka = va = qa = query.reshape(b, d)
+        offs = (0, n * h, (n + nk) * h)
+    else:
+        if key is None or value is None or d % n or key.shape[:2] != (b, 1) \
+                or value.shape[:2] != (b, 1) or not (_f32_c(key) and _f32_c(value)):
+            return None
+        h = d // n
+        if key.ndim != 3 or key.shape[2] != nk * h or value.ndim != 3 or value.shape[2] % nk:
+            return None
+        hv = value.shape[2] // nk
+        qa, ka, va = query.reshape(b, d), key.reshape(b, -1), value.reshape(b, -1)
+        offs = (0, 0, 0)
+    past_len = past_key.shape[2]
+    if past_key.dtype != _F32 or past_value.dtype != _F32 or seqlens_k.shape != (b,) \
+            or past_key.shape != (b, nk, past_len, h) or past_value.shape != (b, nk, past_len, hv):
+        return None
+    if into is None and not (past_key.flags.c_contiguous and past_value.flags.c_contiguous):
+        return None
+    tot = int(total.reshape(-1)[0])
+    seqlens = seqlens_k.astype(_I64)
+    cap = max(past_len, tot)
+    if b == 0 or seqlens.min() < 0 or seqlens.max() + 1 > tot:
+        return None
+    cos = sin = _NO_TABLE
+    rpos = seqlens
+    if rotary:
+        if cos_cache is None or sin_cache is None or not (_f32_c(cos_cache) and
+                                                          _f32_c(sin_cache)):
+            return None
+        if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape or \
+                2 * cos_cache.shape[1] > h or (position_ids is not None
+                                               and position_ids.shape != (b, 1)):
+            return None
+        rpos = _rotary_positions(position_ids, seqlens, tot, cos_cache.shape[0])
+        if rpos is None:
+            return None
+        cos, sin = cos_cache, sin_cache
+    if into is None:
+        pres_k = np.empty((b, nk, cap, h), _F32)
+        pres_v = np.empty((b, nk, cap, hv), _F32)
+        copy = 1
+    else:
+        pres_k, pres_v = into[0].tensor, into[1].tensor
+        if not all(isinstance(x, np.ndarray) and _f32_c(x) and x.shape[:2] == (b, nk)
+                   and x.shape[2] >= cap for x in (pres_k, pres_v)) \
+                or pres_k.shape[3] != h or pres_v.shape[3] != hv:
+            return None  # the numpy path writes it (or raises the capacity error)
+        past_key, past_value, copy = pres_k, pres_v, 0  # the past is already in them
+    out = np.empty((b, n * hv), _F32)
+    scale = scale if scale else 1.0 / math.sqrt(h)
+    reals = (np.float32(scale), np.float32(1.0 / softcap if softcap > 0 else 0.0),
+             np.float32(softcap))
+    dims = (n, nk, h, hv, *offs, copy, int(rotary), int(interleaved), window)
+    fn(qa, ka, va, past_key, past_value, pres_k, pres_v, seqlens, rpos, cos, sin, dims,
+       reals, out)
+    if into is not None:
+        from onnxkiln.kv_attention import note_written
+
+        note_written(into[0], b * nk * h * 4)
+        note_written(into[1], b * nk * hv * 4)
+        pres_k, pres_v = pres_k[:, :, :cap], pres_v[:, :, :cap]
+    return out.reshape(b, 1, n * hv), pres_k, pres_v
