@@ -16,8 +16,10 @@ keyed by every build argument. The builder needs `onnxruntime-genai`, `transform
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,16 +108,27 @@ def build(arch: str = "llama", precision: str = "fp32", *, hidden: int = 256, la
     out = (root or cache_root()) / name
     if (out / "genai_config.json").exists():
         return out
-    source = out.with_name(name + ".src")
-    source.mkdir(parents=True, exist_ok=True)
-    _save_source(source, arch, hidden, layers, vocab, context, seed)
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source),
-               "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(source / "cache")]
-    if level:
-        command += ["--extra_options", f"accuracy_level={accuracy_level}"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not (out / "genai_config.json").exists():
-        raise RuntimeError(f"the genai builder failed for {name}:\n{done.stderr[-3000:]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # built in a private folder, then renamed into place: concurrent test workers may
+    # build the same model, and a reader must never see a half-written one
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out.parent))
+    try:
+        _save_source(work / "src", arch, hidden, layers, vocab, context, seed)
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
+                   str(work / "src"), "-o", str(work / "out"), "-p", precision, "-e", "cpu",
+                   "-c", str(work / "cache")]
+        if level:
+            command += ["--extra_options", f"accuracy_level={accuracy_level}"]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not (work / "out" / "genai_config.json").exists():
+            raise RuntimeError(f"the genai builder failed for {name}:\n{done.stderr[-3000:]}")
+        try:
+            os.rename(work / "out", out)
+        except OSError:  # another process put it there first
+            if not (out / "genai_config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
