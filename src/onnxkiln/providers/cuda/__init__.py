@@ -14,12 +14,14 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     contrib_attention,
     elementwise,
     index,
+    loss,
     misc,
     nn,
     reduce,
     resize,
     rnn,
     tensor,
+    vision,
 )
 from onnxkiln.providers.cuda.registry import REGISTRY
 
