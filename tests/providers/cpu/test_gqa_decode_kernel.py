@@ -25,7 +25,7 @@ def _tables(rot):
     return {"cos": np.cos(ang).astype(F32), "sin": np.sin(ang).astype(F32)}
 
 
-def _model(n, nk, packed=False, rotary=False, rot=H, **attrs):
+def _model(n, nk, packed=False, rotary=False, rot=H, position_ids=False, **attrs):
     b = "b"
     ins = [tensor_info("q", F32, [b, "s", (n + 2 * nk) * H if packed else n * H])]
     names = ["q", "", ""]
@@ -40,6 +40,9 @@ def _model(n, nk, packed=False, rotary=False, rot=H, **attrs):
     if rotary:
         names += ["cos", "sin"]
         inits = _tables(rot)
+    if position_ids:
+        names.append("position_ids")
+        ins.append(tensor_info("position_ids", np.int64, [b, "s"]))
     node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
                             domain="com.microsoft", num_heads=n, kv_num_heads=nk,
                             do_rotary=int(rotary), **attrs)
@@ -225,3 +228,20 @@ def test_environment_switch_keeps_the_numpy_path(monkeypatch, taken):
     assert taken == []
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got[0], ref.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_position_ids_pick_the_rotary_rows(monkeypatch, taken):
+    """position_ids given: the rotary angle follows them, not seqlens_k; a row past the
+    tables makes the compiled step decline and the numpy path raise."""
+    model = _model(8, 2, rotary=True, position_ids=True)
+    seqlens = [9, 4]
+    feeds = _feeds(np.random.default_rng(9), 8, 2, False, 9, seqlens)
+    feeds["position_ids"] = np.asarray([[30], [7]], np.int64)
+    got, want, theirs = _three_ways(model, feeds, monkeypatch, taken)
+    assert taken == [True]
+    _check(got, want, theirs, seqlens)
+    taken.clear()
+    s = ok.InferenceSession.builder().providers(["cpu"]).from_graph(model)
+    with pytest.raises(ok.SessionError, match="cos_cache"):
+        s.run({**feeds, "position_ids": np.asarray([[3], [ROWS]], np.int64)})
+    assert taken == [False]

@@ -27,7 +27,7 @@ __all__: list[str] = []
 
 _OP = "GroupQueryAttention"
 _numba.register("gqa_decode", "onnxkiln.providers.cpu._numba_gqa", _numba_gqa.signature,
-                (np.float32,))
+                (np.float32,), _numba_gqa.FASTMATH)
 
 
 def _attr_str(v, default: str) -> str:
