@@ -21,7 +21,6 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     resize,
     rnn,
     tensor,
-    vision,
 )
 from onnxkiln.providers.cuda.registry import REGISTRY
 
