@@ -1,6 +1,6 @@
-"""The compiled GroupQueryAttention decode step (providers/cpu/_numba_gqa): one-token float32
-steps agree with the numpy path and with onnxruntime, it is taken exactly for those steps,
-and the numpy path runs when numba is off."""
+"""The compiled GroupQueryAttention decode step (providers/cpu/_gqa_decode, _numba_gqa):
+one-token float32 steps agree with the numpy path and with onnxruntime, it is taken exactly
+for those steps, and the numpy path runs when numba is off."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 import onnxkiln as ok
-from onnxkiln.providers.cpu import _numba, _numba_gqa
+from onnxkiln.providers.cpu import _gqa_decode, _numba
 from onnxkiln.testing import make_model, tensor_info
 
 ort = pytest.importorskip("onnxruntime")
@@ -69,16 +69,16 @@ def _feeds(rng, n, nk, packed, past, seqlens, s=1):
 
 @pytest.fixture
 def taken(monkeypatch):
-    """Per call of _numba_gqa.decode: whether it ran the step (True) or declined (False)."""
+    """Per call of _gqa_decode.decode: whether it ran the step (True) or declined (False)."""
     calls = []
-    real = _numba_gqa.decode
+    real = _gqa_decode.decode
 
     def counted(*args, **kwargs):
         got = real(*args, **kwargs)
         calls.append(got is not None)
         return got
 
-    monkeypatch.setattr(_numba_gqa, "decode", counted)
+    monkeypatch.setattr(_gqa_decode, "decode", counted)
     return calls
 
 

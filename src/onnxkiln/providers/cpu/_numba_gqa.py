@@ -1,5 +1,5 @@
-"""One compiled pass for a float32 GroupQueryAttention decode step (one query row per batch
-entry), loaded through `_numba.register` and imported by numba only when a run first needs it.
+"""numba body of the one-pass float32 GroupQueryAttention decode step (loaded through
+`_numba.register` by providers/cpu/_gqa_decode; imported only when a run first needs it).
 
 The numpy path spends a decode step in a few dozen small dispatches per node (split, rotary
 on q and k, present = past + new, scores, softmax, weighted sum). `gqa_decode` does them in
@@ -7,46 +7,87 @@ one loop nest per batch entry: rotate k into the cache row at seqlens_k, copy v 
 for every query head rotate q, score the valid keys (the last local_window_size ones when
 windowed), soft-cap, softmax (max subtracted, float32) and sum the values.
 
-`decode` (plain Python, numpy only) checks that a call is one this kernel covers, prepares
-the operands, and returns None otherwise so the caller keeps the numpy path (which also
-raises the errors for bad input).
-
 Arithmetic is float32 as in the numpy path. Rotary products and differences round exactly as
-numpy's (no fused multiply-add), so the cache rows are the numpy path's bits; the dot
-products, the softmax denominator and the weighted sums add in another order than BLAS's and
-numpy's pairwise sums (vectorized: FASTMATH allows reassociation), and expf may differ from
-numpy's vectorized exp by an ulp, so the attention output agrees to ~1e-6 relative, not bit
-for bit.
+numpy's (no fused multiply-add: no "contract" flag), so the cache rows are the numpy path's
+bits; the dot products, the softmax denominator and the weighted sums add in another order
+than BLAS's and numpy's pairwise sums (vectorized: reassociation is allowed), and expf may
+differ from numpy's vectorized exp by an ulp, so the attention output agrees to ~1e-6
+relative, not bit for bit. Inner-loop indices are np.uintp (numba's negative-index check
+would stop vectorization).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from typing import Any
-
+import numba
 import numpy as np
 
-_F32 = np.dtype(np.float32)
-_I64 = np.dtype(np.int64)
-_NO_TABLE = np.zeros((1, 1), np.float32)
-# reassoc lets LLVM vectorize the dot products and sums (the order differs from BLAS's anyway);
-# no "contract": the rotary products round separately, as numpy's, so no fused multiply-add
-FASTMATH = {"reassoc", "nsz", "arcp"}
+
+def _inline(fn):
+    """A helper inlined into the kernel (numba IR inlining: the kernel's arithmetic flags)."""
+    return numba.njit(nogil=True, inline="always", error_model="numpy")(fn)
 
 
-def signature(dt: np.dtype) -> tuple:
-    """The numba signature of `gqa_decode` (float32 only)."""
-    from numba import types
+@_inline
+def _rotate_row(x, x0, h, half, interleaved, cos, sin, p, dst):
+    """dst[:h] = x[x0:x0 + h] with its first 2 * half channels rotated by table row p."""
+    for d in range(half):
+        if interleaved:
+            a, b = x[x0 + 2 * d], x[x0 + 2 * d + 1]
+        else:
+            a, b = x[x0 + d], x[x0 + half + d]
+        c, s = cos[p, d], sin[p, d]
+        re = a * c
+        re -= b * s
+        im = a * s
+        im += b * c
+        if interleaved:
+            dst[2 * d], dst[2 * d + 1] = re, im
+        else:
+            dst[d], dst[half + d] = re, im
+    for d in range(2 * half, h):
+        dst[d] = x[x0 + d]
 
-    f = types.float32
 
-    def arr(nd: int, ro: bool = True, t=f):
-        return types.Array(t, nd, "C", readonly=ro)
+@_inline
+def _fill(dst, src, keep):
+    """dst rows [0, keep) from src, the rest zero (explicit loops: numba's 2-D slice copies
+    are slower)."""
+    zero = np.float32(0.0)
+    width = dst.shape[1]
+    for r in range(dst.shape[0]):
+        for d in range(width):
+            dst[r, np.uintp(d)] = src[r, np.uintp(d)] if r < keep else zero
 
-    return (arr(2), arr(2), arr(2), arr(4), arr(4), arr(4, False), arr(4, False),
-            arr(1, t=types.int64), arr(1, t=types.int64), arr(2), arr(2),
-            types.UniTuple(types.int64, 12), types.UniTuple(f, 3), arr(2, False))
+
+@_inline
+def _attend(qr, kb, vb, start, t, reals, scores, orow):
+    """orow = softmax(scaled, soft-capped q.k over rows [start, t)) @ v of one head."""
+    scale, inv_cap, softcap = reals
+    zero = np.float32(0.0)
+    h, hv = kb.shape[1], vb.shape[1]
+    top = np.float32(-np.inf)
+    for u in range(start, t):
+        acc = zero
+        for d in range(h):
+            acc += qr[np.uintp(d)] * kb[u, np.uintp(d)]
+        acc *= scale
+        if softcap > zero:
+            acc *= inv_cap
+            acc = np.tanh(acc)
+            acc *= softcap
+        scores[u] = acc
+        top = max(top, acc)
+    total = zero
+    for u in range(start, t):
+        e = np.exp(scores[u] - top)
+        scores[u] = e
+        total += e
+    inv = np.float32(1.0) / max(total, np.float32(1.0))  # as the numpy softmax_
+    orow[:] = zero
+    for u in range(start, t):
+        w = scores[u] * inv
+        for d in range(hv):
+            orow[np.uintp(d)] += w * vb[u, np.uintp(d)]
 
 
 def gqa_decode(qa, ka, va, past_k, past_v, pres_k, pres_v, pos, rpos, cos, sin, dims,
@@ -56,183 +97,29 @@ def gqa_decode(qa, ka, va, past_k, past_v, pres_k, pres_v, pos, rpos, cos, sin, 
     head attends over rows [start, pos[b] + 1) of its kv head into out[b]. Returns 0, or 1
     without writing anything when a position lies outside [0, total) or the rotary tables."""
     n, nk, h, hv, q_off, k_off, v_off, copy_past, rotary, interleaved, window, total = dims
-    scale, inv_cap, softcap = reals
-    zero = np.float32(0.0)
     half = cos.shape[1] if rotary else 0
-    rot = 2 * half
     g = n // nk
-    past_len = past_k.shape[2]
     cap = pres_k.shape[2]
-    def rotate_row(x, x0, p, dst):
-        """dst[:h] = x[x0:x0 + h] with its first `rot` channels rotated by table row p (an
-        inner function: numba inlines it, a module-level one would need numba at import)."""
-        for d in range(half):
-            if interleaved:
-                a, b = x[x0 + 2 * d], x[x0 + 2 * d + 1]
-            else:
-                a, b = x[x0 + d], x[x0 + half + d]
-            c, s = cos[p, d], sin[p, d]
-            re = a * c
-            re -= b * s
-            im = a * s
-            im += b * c
-            if interleaved:
-                dst[2 * d], dst[2 * d + 1] = re, im
-            else:
-                dst[d], dst[half + d] = re, im
-        for d in range(rot, h):
-            dst[d] = x[x0 + d]
-
-    qr = np.empty(h, np.float32)
-    scores = np.empty(cap, np.float32)
     for b in range(qa.shape[0]):  # check every position before writing anything
         if pos[b] < 0 or pos[b] >= total or pos[b] >= cap:
             return 1
         if rotary and (rpos[b] < 0 or rpos[b] >= cos.shape[0]):
             return 1
+    qr = np.empty(h, np.float32)
+    scores = np.empty(cap, np.float32)
     for b in range(qa.shape[0]):
         p = pos[b]
-        t = p + 1
-        start = max(0, t - window) if window > 0 else 0
+        start = max(0, p + 1 - window) if window > 0 else 0
         for j in range(nk):
             kb, vb = pres_k[b, j], pres_v[b, j]  # (C, H) views: no per-element 4-D indexing
             if copy_past:
-                keep = min(p, past_len)
-                for r in range(cap):  # explicit loops: numba's 2-D slice copies are slower
-                    for d in range(h):
-                        kb[r, np.uintp(d)] = past_k[b, j, r, np.uintp(d)] if r < keep else zero
-                    for d in range(hv):
-                        vb[r, np.uintp(d)] = past_v[b, j, r, np.uintp(d)] if r < keep else zero
-            rotate_row(ka[b], k_off + j * h, rpos[b], kb[p])
+                keep = min(p, past_k.shape[2])
+                _fill(kb, past_k[b, j], keep)
+                _fill(vb, past_v[b, j], keep)
+            _rotate_row(ka[b], k_off + j * h, h, half, interleaved, cos, sin, rpos[b], kb[p])
             vb[p] = va[b, v_off + j * hv: v_off + (j + 1) * hv]
         for i in range(n):
-            kb, vb = pres_k[b, i // g], pres_v[b, i // g]
-            rotate_row(qa[b], q_off + i * h, rpos[b], qr)
-            top = np.float32(-np.inf)
-            for u in range(start, t):
-                acc = zero
-                for d in range(h):
-                    acc += qr[np.uintp(d)] * kb[u, np.uintp(d)]
-                acc *= scale
-                if softcap > zero:
-                    acc *= inv_cap
-                    acc = np.tanh(acc)
-                    acc *= softcap
-                scores[u] = acc
-                if acc > top:
-                    top = acc
-            total = zero
-            for u in range(start, t):
-                e = np.exp(scores[u] - top)
-                scores[u] = e
-                total += e
-            if total < np.float32(1.0):
-                total = np.float32(1.0)
-            inv = np.float32(1.0) / total
-            orow = out[b, i * hv: (i + 1) * hv]
-            orow[:] = zero
-            for u in range(start, t):
-                w = scores[u] * inv
-                for d in range(hv):
-                    orow[np.uintp(d)] += w * vb[u, np.uintp(d)]
+            _rotate_row(qa[b], q_off + i * h, h, half, interleaved, cos, sin, rpos[b], qr)
+            _attend(qr, pres_k[b, i // g], pres_v[b, i // g], start, p + 1, reals, scores,
+                    out[b, i * hv: (i + 1) * hv])
     return 0
-
-
-def _f32_c(x: np.ndarray) -> bool:
-    return x.dtype == _F32 and x.flags.c_contiguous
-
-
-def _qkv(query, key, value, n: int, nk: int):
-    """(q, k, v as (B, width) rows, their column offsets, head size, value head size), or
-    None for shapes the kernel does not take (the numpy path checks and raises)."""
-    b, _, d = query.shape
-    if key is None and value is None:
-        if d % (n + 2 * nk):
-            return None
-        h = d // (n + 2 * nk)
-        qa = query.reshape(b, d)
-        return qa, qa, qa, (0, n * h, (n + nk) * h), h, h
-    if key is None or value is None or d % n or key.ndim != 3 or value.ndim != 3 \
-            or key.shape[:2] != (b, 1) or value.shape[:2] != (b, 1) \
-            or not (_f32_c(key) and _f32_c(value)):
-        return None
-    h = d // n
-    if key.shape[2] != nk * h or value.shape[2] % nk:
-        return None
-    return (query.reshape(b, d), key.reshape(b, -1), value.reshape(b, -1), (0, 0, 0), h,
-            value.shape[2] // nk)
-
-
-def _tables(cos_cache, sin_cache, position_ids, seqlens, b: int, h: int, total: int):
-    """(cos, sin, table row per entry) of a rotary step, or None when the kernel does not
-    take them. The rows are range-checked by the kernel."""
-    if cos_cache is None or sin_cache is None or not (_f32_c(cos_cache) and _f32_c(sin_cache)):
-        return None
-    if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape or 2 * cos_cache.shape[1] > h:
-        return None
-    if position_ids is None:
-        return cos_cache, sin_cache, seqlens
-    if position_ids.shape != (b, 1):
-        return None
-    rpos = np.ascontiguousarray(position_ids, _I64).reshape(b)
-    if total == 1:  # a one-token first prompt: onnxruntime reads only the first element
-        rpos = np.full(b, rpos[0], _I64)
-    return cos_cache, sin_cache, rpos
-
-
-def _presents(into, past_key, past_value, b: int, nk: int, cap: int, h: int, hv: int):
-    """(past k, past v, present k, present v, copy the past?) or None: fresh presents, or the
-    bound buffers (already holding the past) of an in-place step."""
-    if into is None:
-        if not (past_key.flags.c_contiguous and past_value.flags.c_contiguous):
-            return None
-        return (past_key, past_value, np.empty((b, nk, cap, h), _F32),
-                np.empty((b, nk, cap, hv), _F32), 1)
-    pk, pv = into[0].tensor, into[1].tensor
-    if not all(isinstance(x, np.ndarray) and _f32_c(x) and x.shape[:2] == (b, nk)
-               and x.shape[2] >= cap for x in (pk, pv)) or pk.shape[3] != h or pv.shape[3] != hv:
-        return None  # the numpy path writes them (or raises the capacity error)
-    return pk, pv, pk, pv, 0
-
-
-def decode(fn: Any, n: int, nk: int, rotary: bool, interleaved: bool, scale: float | None,
-           softcap: float, window: int, query, key, value, past_key, past_value, seqlens_k, total,
-           cos_cache, sin_cache, position_ids, into: Sequence[Any] | None):
-    """(out (B, 1, N*Hv), present_key, present_value) by `fn` (the compiled gqa_decode) for
-    a float32 one-token step over a float past, or None when this call is outside what the
-    kernel covers. `into`: the bindings of an in-place step (written at seqlens_k)."""
-    if query.ndim != 3 or query.shape[1] != 1 or query.shape[0] == 0 or not _f32_c(query) \
-            or past_key is None or past_value is None or seqlens_k is None or total is None \
-            or total.size != 1:
-        return None
-    got = _qkv(query, key, value, n, nk)
-    if got is None:
-        return None
-    qa, ka, va, offs, h, hv = got
-    b, past_len = qa.shape[0], past_key.shape[2]
-    if past_key.dtype != _F32 or past_value.dtype != _F32 or seqlens_k.shape != (b,) \
-            or past_key.shape != (b, nk, past_len, h) or past_value.shape != (b, nk, past_len, hv):
-        return None
-    tot = int(total.reshape(-1)[0])
-    seqlens = seqlens_k.astype(_I64)
-    cap = max(past_len, tot)
-    tables = (_NO_TABLE, _NO_TABLE, seqlens)
-    if rotary:
-        tables = _tables(cos_cache, sin_cache, position_ids, seqlens, b, h, tot)
-    bufs = None if tables is None else _presents(into, past_key, past_value, b, nk, cap, h, hv)
-    if bufs is None:
-        return None
-    out = np.empty((b, n * hv), _F32)
-    scale = scale if scale else 1.0 / math.sqrt(h)
-    reals = (np.float32(scale), np.float32(1.0 / softcap if softcap > 0 else 0.0),
-             np.float32(softcap))
-    dims = (n, nk, h, hv, *offs, bufs[4], int(rotary), int(interleaved), window, tot)
-    if fn(qa, ka, va, *bufs[:4], seqlens, tables[2], tables[0], tables[1], dims, reals, out):
-        return None  # a position outside [0, total) or the rotary tables: nothing written
-    if into is None:
-        return out.reshape(b, 1, n * hv), bufs[2], bufs[3]
-    from onnxkiln.kv_attention import note_written
-
-    note_written(into[0], b * nk * h * 4)
-    note_written(into[1], b * nk * hv * 4)
-    return out.reshape(b, 1, n * hv), bufs[2][:, :, :cap], bufs[3][:, :, :cap]

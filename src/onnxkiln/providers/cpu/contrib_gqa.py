@@ -18,7 +18,7 @@ import numpy as np
 
 from onnxkiln.kv_attention import capacity_error, in_place_of, note_written
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _numba, _numba_gqa
+from onnxkiln.providers.cpu import _gqa_decode, _numba
 from onnxkiln.providers.cpu.contrib_attention import as_dt, cdt_of, merge_heads, sdpa, wants
 from onnxkiln.providers.cpu.contrib_transformer import MS, cache_rows, rotate
 from onnxkiln.providers.cpu.registry import kernel
@@ -26,8 +26,6 @@ from onnxkiln.providers.cpu.registry import kernel
 __all__: list[str] = []
 
 _OP = "GroupQueryAttention"
-_numba.register("gqa_decode", "onnxkiln.providers.cpu._numba_gqa", _numba_gqa.signature,
-                (np.float32,), _numba_gqa.FASTMATH)
 
 
 def _attr_str(v, default: str) -> str:
@@ -290,7 +288,7 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
     eps_k = float(a.get("k_norm_epsilon", eps_qk))
     want_pk, want_pv = wants(info, 1), wants(info, 2)
     want_qk = qk_output and wants(info, 3)
-    # one compiled pass for float32 one-token steps (_numba_gqa); None keeps the numpy path
+    # one compiled pass for float32 one-token steps (_gqa_decode); None keeps the numpy path
     plain = not sliding and codec_k.kind == codec_v.kind == "NONE" and not smooth
     fast = _numba.lazy("gqa_decode", np.float32) if plain and not want_qk else None
 
@@ -320,7 +318,7 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
         if fast is not None and _block is None and not _keep_past and attention_bias is None \
                 and head_sink is None and q_norm_weight is None and k_norm_weight is None \
                 and query_seqlens is None and fast.ready():
-            got = _numba_gqa.decode(
+            got = _gqa_decode.decode(
                 fast.fn, n, nk, do_rotary, interleaved, scale_attr, softcap, window, query, key,
                 value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
                 sin_cache, position_ids, _into if past_key is not None else None,
