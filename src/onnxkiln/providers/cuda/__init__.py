@@ -17,10 +17,14 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     loss,
     misc,
     nn,
+    quant,
     reduce,
     resize,
     rnn,
+    seq_ops,
+    signal,
     tensor,
+    vision,
 )
 from onnxkiln.providers.cuda.registry import REGISTRY
 
