@@ -74,3 +74,101 @@ def test_loss_declines_integer_scores():
     model = node_model("NegativeLogLikelihoodLoss",
                        {"x": np.zeros((2, 3), np.int32), "t": np.zeros(2, np.int64)}, opset=13)
     assert "int32" in reason(model)
+
+
+# ------------------------------------------------------------------------- quantization
+
+_EDGES = np.array([0.0, 0.5, 1.5, 2.5, -2.5, 1e9, -1e9, np.nan, np.inf, -np.inf, 464.0, 480.0,
+                   248.0, 61440.0, 57344.0 + 4096, 3e-3], np.float32)
+_Q_TYPES = {2: np.uint8, 3: np.int8, 5: np.int16, 4: np.uint16}
+_F8_TYPES = [17, 18, 19, 20]  # float8e4m3fn, e4m3fnuz, e5m2, e5m2fnuz
+
+
+@pytest.mark.parametrize("to", sorted(_Q_TYPES))
+@pytest.mark.parametrize("layout", ["tensor", "axis", "block"])
+def test_quantize_dequantize_ints(to, layout):
+    dt = _Q_TYPES[to]
+    x = (rand((2, 6, 4)) * 40).astype(np.float32)
+    x.flat[:len(_EDGES)] = _EDGES
+    info = np.iinfo(dt)
+    if layout == "tensor":
+        scale, zp, attrs = np.float32(0.25), np.array(3, dt), {}
+    elif layout == "axis":
+        scale = np.abs(rand((6,))) + 0.1
+        zp = R.integers(info.min // 2, info.max // 2, size=6).astype(dt)
+        attrs = {"axis": 1}
+    else:
+        scale = np.abs(rand((2, 2, 4))) + 0.1
+        zp = R.integers(info.min // 2, info.max // 2, size=(2, 2, 4)).astype(dt)
+        attrs = {"axis": 1, "block_size": 3}
+    (q,) = check_node("QuantizeLinear", {"x": x, "s": np.asarray(scale), "zp": zp},
+                      opset=21, **attrs)
+    check_node("DequantizeLinear", {"q": q.numpy(), "s": np.asarray(scale), "zp": zp},
+               opset=21, **attrs)
+
+
+def _f8(to):
+    from onnxkiln.dtypes import DataType, to_numpy
+
+    return to_numpy(DataType(to))
+
+
+def _host_f8(t, to):
+    """A torch float8 tensor as the matching ml_dtypes array."""
+    return t.view(torch.uint8).numpy().view(_f8(to))
+
+
+@pytest.mark.parametrize("to", _F8_TYPES)
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_quantize_float8_saturation(to, saturate):
+    x = np.concatenate([_EDGES, rand((20,)) * 300]).astype(np.float32)
+    (q,) = check_node("QuantizeLinear", {"x": x, "s": np.float32(1.0),
+                                         "zp": np.zeros((), _f8(to))},
+                      opset=21, saturate=saturate)
+    check_node("DequantizeLinear", {"q": _host_f8(q, to), "s": np.float32(2.0)}, opset=21)
+
+
+@pytest.mark.parametrize("to", _F8_TYPES)
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("src", [np.float32, np.float16, np.float64])
+def test_cast_float8_edges(to, saturate, src):
+    with np.errstate(over="ignore"):
+        x = np.concatenate([_EDGES, rand((20,)) * 600]).astype(src)
+    (y,) = check_node("Cast", {"x": x}, opset=21, to=to, saturate=saturate)
+    for back in (1, 10, 6):  # float32, float16, int32
+        check_node("Cast", {"x": _host_f8(y, to)}, opset=21, to=back)
+    like = np.zeros((1,), _f8(to))
+    check_node("CastLike", {"x": x, "like": like}, opset=21, saturate=saturate)
+
+
+@pytest.mark.parametrize("precision", [None, 10, 16])
+def test_quantize_precision(precision):
+    x = rand((3, 5)) * 50
+    attrs = {} if precision is None else {"precision": precision}
+    check_node("QuantizeLinear", {"x": x, "s": np.float32(0.37), "zp": np.array(1, np.int8)},
+               opset=25, **attrs)
+
+
+@pytest.mark.parametrize("case", ["plain", "zeros", "positive", "negative", "empty"])
+def test_dynamic_quantize_linear(case):
+    x = {"plain": rand((3, 4)), "zeros": np.zeros((2, 2), np.float32),
+         "positive": np.abs(rand((5,))) + 1, "negative": -np.abs(rand((5,))) - 1,
+         "empty": np.zeros((0, 3), np.float32)}[case]
+    check_node("DynamicQuantizeLinear", {"x": x}, n_outputs=3, opset=11)
+
+
+@pytest.mark.parametrize("pair", [(np.float32, 6), (np.int32, 1), (np.uint16, 5),
+                                  (np.int16, 10), (np.uint8, 9), (np.float64, 7),
+                                  (np.uint64, 11)])
+def test_bitcast(pair):
+    src, to = pair
+    x = (rand((3, 4)) * 100).astype(src)
+    check_node("BitCast", {"x": x}, opset=26, to=to)
+
+
+def test_quant_declines_sub_byte():
+    import ml_dtypes
+
+    model = node_model("DequantizeLinear", {"x": np.zeros(4, ml_dtypes.int4),
+                                            "s": np.float32(1.0)}, opset=21)
+    assert "torch has no int4 tensors" in reason(model)

@@ -56,7 +56,7 @@ def _f(shape, dt=np.float32):
      "uint32"),
     (lambda: node_model("MatMul", {"a": _f((2, 2), np.int32), "b": _f((2, 2), np.int32)}),
      "no integer GEMM"),
-    (lambda: node_model("Cast", {"x": _f(3)}, to=17), "Cast to float8e4m3fn"),
+    (lambda: node_model("Cast", {"x": _f(3)}, to=22), "Cast to int4"),
     (lambda: node_model("Cast", {"x": _f(3)}, to=8), "string"),
     (lambda: node_model("Relu", {"x": _f(3, np.uint16)}), "uint16"),
     (lambda: node_model("Conv", {"x": _f((1, 1, 2, 2, 2, 2)), "w": _f((1, 1, 1, 1, 1, 1))}),

@@ -11,6 +11,7 @@ from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import NodeInfo
 
 __all__ = [
+    "FLOAT8",
     "FLOATS",
     "INTS",
     "SERVED",
@@ -32,12 +33,23 @@ _TORCH: dict[DataType, torch.dtype] = {
     DataType.INT64: torch.int64,
     DataType.UINT8: torch.uint8,
     DataType.BOOL: torch.bool,
+    # storage and conversion only: kernels that compute on them say so in `supports`
+    DataType.FLOAT8E4M3FN: torch.float8_e4m3fn,
+    DataType.FLOAT8E4M3FNUZ: torch.float8_e4m3fnuz,
+    DataType.FLOAT8E5M2: torch.float8_e5m2,
+    DataType.FLOAT8E5M2FNUZ: torch.float8_e5m2fnuz,
+    # torch has no arithmetic on these (see _WHY), but moves, views and conversions
+    DataType.UINT16: torch.uint16,
+    DataType.UINT32: torch.uint32,
+    DataType.UINT64: torch.uint64,
 }
 _FROM_TORCH = {v: k for k, v in _TORCH.items()}
 
 FLOATS = frozenset({DataType.FLOAT, DataType.DOUBLE, DataType.FLOAT16, DataType.BFLOAT16})
 INTS = frozenset({DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
                   DataType.UINT8})
+FLOAT8 = frozenset({DataType.FLOAT8E4M3FN, DataType.FLOAT8E4M3FNUZ, DataType.FLOAT8E5M2,
+                    DataType.FLOAT8E5M2FNUZ})
 SERVED = FLOATS | INTS | {DataType.BOOL}
 NUMERIC = FLOATS | INTS
 
@@ -69,7 +81,7 @@ def from_torch(dt: torch.dtype) -> DataType:
 
 
 def to_torch(a: np.ndarray, device: torch.device | str) -> torch.Tensor:
-    """A host numpy array as a torch tensor on `device` (bfloat16 through its bits).
+    """A host numpy array as a torch tensor on `device` (bfloat16, float8 through their bits).
 
     On torch's CPU device the tensor shares the array's memory when the array is writable
     and C-contiguous (kernels never write their inputs); otherwise it is a copy."""
@@ -79,6 +91,8 @@ def to_torch(a: np.ndarray, device: torch.device | str) -> torch.Tensor:
         a = np.array(a, copy=True, order="C")
     if dt == DataType.BFLOAT16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    elif dt in FLOAT8:
+        t = torch.from_numpy(a.view(np.uint8)).view(_TORCH[dt])
     else:
         t = torch.from_numpy(a)
     return t.to(device=device, dtype=_TORCH[dt])
@@ -91,7 +105,18 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         import ml_dtypes
 
         return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in _F8_NUMPY:
+        return t.contiguous().view(torch.uint8).numpy().view(_F8_NUMPY[t.dtype])
     return t.numpy()
+
+
+def _f8_numpy() -> dict[torch.dtype, np.dtype]:
+    from onnxkiln.dtypes import to_numpy as onnx_to_numpy
+
+    return {_TORCH[d]: onnx_to_numpy(d) for d in FLOAT8}
+
+
+_F8_NUMPY = _f8_numpy()
 
 
 def _np_type(dt: np.dtype) -> DataType:

@@ -17,7 +17,7 @@ from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, axes_of, axis_of, host_input, ints
 from onnxkiln.providers.cuda.device import current_device
-from onnxkiln.providers.cuda.dtypes import SERVED, needs, to_torch, to_torch_dtype
+from onnxkiln.providers.cuda.dtypes import FLOAT8, SERVED, needs, to_torch, to_torch_dtype
 from onnxkiln.providers.cuda.registry import kernel
 
 Tensor = torch.Tensor
@@ -35,6 +35,8 @@ def _cpu_kernel(info: NodeInfo):
 # ---------------------------------------------------------------------------------------
 # Cast
 
+_F8 = frozenset(to_torch_dtype(d) for d in FLOAT8)
+
 
 def _target(to) -> DataType:
     name = attr_str(to) if isinstance(to, (str, bytes)) else None
@@ -48,22 +50,65 @@ def _cast_supports(info: NodeInfo) -> str | None:
         dst = _target(info.attrs["to"])
     except (KeyError, ValueError):
         return "Cast: unknown target type"
-    if dst not in SERVED:
+    if dst not in SERVED | FLOAT8:
         return f"Cast to {dst} is not supported by the torch kernels"
-    return needs(SERVED)(info)
+    return needs(SERVED | FLOAT8)(info)
 
 
 @kernel("Cast", since=1, factory=True, view=True, supports=_cast_supports)
 def cast(info: NodeInfo) -> Callable[[Tensor], Tensor]:
-    """Convert to the `to` type (floats to ints truncate toward zero); the input if same."""
+    """Convert to the `to` type (floats to ints truncate toward zero); the input if same.
+
+    float8 goes through float32; with `saturate` (default 1) values beyond the float8
+    range, infinities included, become +-max, as in the CPU provider."""
     dst = to_torch_dtype(_target(info.attrs["to"]))
-    return lambda x: x.to(dst)
+    if dst not in _F8:
+        return lambda x: x.to(torch.float32).to(dst) if x.dtype in _F8 else x.to(dst)
+    if int(info.attrs.get("saturate", 1)):
+        top = torch.finfo(dst).max
+        return lambda x: x if x.dtype == dst else x.to(torch.float32).clamp(-top, top).to(dst)
+    return lambda x: x if x.dtype == dst else float8_overflowing(x.to(torch.float32), dst)
 
 
-@kernel("CastLike", since=15, view=True, supports=needs(SERVED))
-def cast_like(x: Tensor, like: Tensor) -> Tensor:
-    """Convert x to the element type of the second input."""
-    return x.to(like.dtype)
+# |x| past which a float32 rounds out of each float8 range, and whether the tie at that
+# point rounds out too (the largest value's mantissa is odd: round half to even goes up)
+_F8_EDGE = {torch.float8_e4m3fn: (464.0, False), torch.float8_e4m3fnuz: (248.0, True),
+            torch.float8_e5m2: (61440.0, True), torch.float8_e5m2fnuz: (61440.0, True)}
+
+
+def float8_overflowing(f: Tensor, dst: torch.dtype) -> Tensor:
+    """float32 -> float8 without saturation: what rounds past the range is inf (float8e5m2)
+    or NaN (the types without infinities), as onnx specifies; torch's own conversion
+    saturates some of those."""
+    edge, tie_out = _F8_EDGE[dst]
+    mag = f.abs()
+    over = (mag >= edge) if tie_out else (mag > edge)
+    y = f.to(dst)
+    if dst == torch.float8_e5m2:
+        big = torch.where(f > 0, math.inf, -math.inf).to(dst)
+    else:
+        big = torch.full((), math.nan, dtype=torch.float32, device=f.device).to(dst)
+    return torch.where(over, big, y)
+
+
+@kernel("CastLike", since=15, factory=True, view=True, supports=needs(SERVED | FLOAT8))
+def cast_like(info: NodeInfo) -> Callable[[Tensor, Tensor], Tensor]:
+    """Convert x to the element type of the second input (float8 as Cast does)."""
+    saturate = int(info.attrs.get("saturate", 1))
+
+    def run(x: Tensor, like: Tensor) -> Tensor:
+        dst = like.dtype
+        if x.dtype == dst:
+            return x
+        if dst in _F8:
+            f = x.to(torch.float32)
+            if not saturate:
+                return float8_overflowing(f, dst)
+            top = torch.finfo(dst).max
+            return f.clamp(-top, top).to(dst)
+        return x.to(torch.float32).to(dst) if x.dtype in _F8 else x.to(dst)
+
+    return run
 
 
 # ---------------------------------------------------------------------------------------
