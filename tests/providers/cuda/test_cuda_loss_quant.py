@@ -172,3 +172,55 @@ def test_quant_declines_sub_byte():
     model = node_model("DequantizeLinear", {"x": np.zeros(4, ml_dtypes.int4),
                                             "s": np.float32(1.0)}, opset=21)
     assert "torch has no int4 tensors" in reason(model)
+
+
+# ------------------------------------------------------------------------- integer ops
+
+
+def _q(shape, dt):
+    info = np.iinfo(dt)
+    return R.integers(info.min, info.max + 1, size=shape).astype(dt)
+
+
+@pytest.mark.parametrize("k", [7, 300])  # 300: past float32's exact range, float64 path
+@pytest.mark.parametrize("dts", [(np.uint8, np.uint8), (np.int8, np.uint8), (np.uint8, np.int8)])
+@pytest.mark.parametrize("zp", ["none", "scalar", "per_row_col"])
+def test_matmul_integer(k, dts, zp):
+    a, b = _q((2, 3, k), dts[0]), _q((k, 4), dts[1])
+    feeds = {"a": a, "b": b}
+    if zp == "scalar":
+        feeds |= {"za": _q((), dts[0]), "zb": _q((), dts[1])}
+    elif zp == "per_row_col":
+        feeds |= {"za": _q((3,), dts[0]), "zb": _q((4,), dts[1])}
+    check_node("MatMulInteger", feeds, opset=10)
+
+
+@pytest.mark.parametrize("k", [5, 400])
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_col", [False, True])
+def test_qlinear_matmul(k, dt, per_col):
+    a, b = _q((3, k), dt), _q((k, 4), dt)
+    n = 4 if per_col else 1
+    feeds = {"a": a, "sa": np.float32(0.02), "za": _q((), dt), "b": b,
+             "sb": (np.abs(rand((n,))) * 0.05 + 0.01).reshape(() if n == 1 else (n,)),
+             "zb": _q((n,), dt).reshape(() if n == 1 else (n,)),
+             "sy": np.float32(0.5 * k / 5), "zy": _q((), dt)}
+    check_node("QLinearMatMul", feeds, opset=21)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_qlinear_conv_and_conv_integer(group, per_channel, bias):
+    x, w = _q((1, 4, 6, 5), np.uint8), _q((6, 4 // group, 3, 3), np.int8)
+    wzp = _q((6,), np.int8) if per_channel else _q((), np.int8)
+    attrs = {"group": group, "pads": [1, 0, 1, 1], "strides": [1, 2]}
+    check_node("ConvInteger", {"x": x, "w": w, "xz": _q((), np.uint8), "wz": wzp},
+               opset=10, **attrs)
+    ws = np.abs(rand((6,))) * 0.01 + 0.001 if per_channel else np.float32(0.004)
+    feeds = {"x": x, "xs": np.float32(0.05), "xz": _q((), np.uint8), "w": w,
+             "ws": ws.astype(np.float32), "wz": wzp, "ys": np.float32(0.3),
+             "yz": _q((), np.uint8)}
+    if bias:
+        feeds["b"] = R.integers(-5000, 5000, size=6).astype(np.int32)
+    check_node("QLinearConv", feeds, opset=10, **attrs)

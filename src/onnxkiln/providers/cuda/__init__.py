@@ -17,6 +17,7 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     loss,
     misc,
     nn,
+    qlinear,
     quant,
     reduce,
     resize,
