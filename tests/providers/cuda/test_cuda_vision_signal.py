@@ -202,3 +202,133 @@ def test_causal_conv_with_state(k, act, extras):
     half = {n: v.astype(np.float16) for n, v in feeds.items()}
     both("CausalConvWithState", half, opset=27, input_names=names, n_outputs=2, ort=False,
          activation=act)
+
+
+# ------------------------------------------------------------------------------ RoiAlign, NMS
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("ratio", [0, 2])
+def test_roi_align(mode, ctm, ratio):
+    x = rand((2, 3, 10, 12))
+    rois = np.array([[0, 0, 9, 9], [1.5, 2.2, 7.1, 4.0], [-2, -1, 14, 12], [3, 3, 3.2, 3.1],
+                     [5, 5, 11.5, 9.5]], np.float32)
+    idx = np.array([0, 1, 1, 0, 1], np.int64)
+    both("RoiAlign", {"x": x, "rois": rois, "i": idx}, opset=16, mode=mode,
+         coordinate_transformation_mode=ctm, output_height=3, output_width=4,
+         sampling_ratio=ratio, spatial_scale=0.9, ort=mode == "avg")  # ORT's max mode differs
+
+
+def test_roi_align_no_rois():
+    both("RoiAlign", {"x": rand((1, 2, 4, 4)), "rois": np.zeros((0, 4), np.float32),
+                      "i": np.zeros(0, np.int64)}, opset=16, ort=False)
+
+
+def _nms_inputs(nb, nk, ns, center):
+    xy = R.uniform(0, 10, (nb, ns, 2))
+    wh = R.uniform(0.5, 4, (nb, ns, 2))
+    if center:
+        boxes = np.concatenate([xy, wh], axis=2)
+    else:  # corners, every other box given max corner first
+        boxes = np.concatenate([xy, xy + wh], axis=2)
+        boxes[:, ::2] = boxes[:, ::2][..., [2, 3, 0, 1]]
+    scores = R.uniform(0, 1, (nb, nk, ns)).astype(np.float32)
+    scores[0, 0, 3] = scores[0, 0, 5]  # a tie: the lower index goes first
+    return boxes.astype(np.float32), scores
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("iou", [0.0, 0.3, 0.7])
+@pytest.mark.parametrize("score", [None, 0.4])
+@pytest.mark.parametrize("limit", [1, 3, 100])
+def test_non_max_suppression(center, iou, score, limit):
+    boxes, scores = _nms_inputs(2, 3, 40, center)
+    inits = {"m": np.array([limit], np.int64), "iou": np.array([iou], np.float32)}
+    names = ["b", "s", "m", "iou"]
+    if score is not None:
+        inits["st"] = np.array([score], np.float32)
+        names.append("st")
+    both("NonMaxSuppression", {"b": boxes, "s": scores}, opset=11, initializers=inits,
+         input_names=names, center_point_box=center)
+
+
+def test_non_max_suppression_edges():
+    boxes, scores = _nms_inputs(1, 2, 6, 0)
+    # no max_output_boxes_per_class: nothing is selected
+    both("NonMaxSuppression", {"b": boxes, "s": scores}, opset=11)
+    boxes[0, 1] = boxes[0, 2] = [1, 1, 1, 3]  # zero-area boxes never suppress
+    both("NonMaxSuppression", {"b": boxes, "s": scores}, opset=11,
+         initializers={"m": np.array([10], np.int64), "iou": np.array([0.0], np.float32)},
+         input_names=["b", "s", "m", "iou"])
+
+
+def test_non_max_suppression_many_boxes():
+    """Above the pairwise-matrix size the IoU rows of the kept boxes are computed apart."""
+    boxes, scores = _nms_inputs(1, 1, 4200, 0)
+    both("NonMaxSuppression", {"b": boxes, "s": scores}, opset=11, ort=False,
+         initializers={"m": np.array([30], np.int64), "iou": np.array([0.5], np.float32),
+                       "st": np.array([0.9], np.float32)},
+         input_names=["b", "s", "m", "iou", "st"])
+
+
+# ------------------------------------------------------------------------------ Unique
+
+
+@pytest.mark.parametrize("sorted_", [0, 1])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16, np.bool_])
+def test_unique(sorted_, axis, dtype):
+    x = R.integers(0, 3, (6, 4)).astype(dtype)
+    x[3] = x[1]
+    kw = {} if axis is None else {"axis": axis}
+    both("Unique", {"x": x}, opset=11, n_outputs=4, sorted=sorted_,
+         ort=dtype in (np.float32, np.int64), **kw)
+
+
+def test_unique_nan_and_signed_zero():
+    x = np.array([2.0, np.nan, -0.0, 1.0, 0.0, np.nan, 2.0], np.float32)
+    for s in (0, 1):
+        both("Unique", {"x": x}, opset=11, n_outputs=4, sorted=s, ort=False)
+    rows = np.array([[1, np.nan], [1, np.nan], [0, 2]], np.float32)
+    both("Unique", {"x": rows}, opset=11, n_outputs=4, axis=0, ort=False)
+    both("Unique", {"x": np.zeros((3, 0), np.float32)}, opset=11, n_outputs=4, axis=0,
+         ort=False)
+
+
+# ------------------------------------------------------------------------------ image ops
+
+
+@pytest.mark.parametrize("xshape,shape,axes", [((6, 5), [4, 9], None),
+                                                ((6, 5, 3), [2, 7], [-2, -1]),
+                                                ((6, 5, 3), [5], [0]),
+                                                ((6, 5, 3), [3, 3, 3], None)])
+def test_center_crop_pad(xshape, shape, axes):
+    kw = {} if axes is None else {"axes": axes}
+    both("CenterCropPad", {"x": rand(xshape)}, opset=18,
+         initializers={"s": np.array(shape, np.int64)}, **kw)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_col2im(dtype):
+    x = (rand((2, 3 * 2 * 3, 12)) * 4).astype(dtype)
+    both("Col2Im", {"x": x}, opset=18, initializers={"img": np.array([5, 7], np.int64),
+                                                    "blk": np.array([2, 3], np.int64)},
+         strides=[2, 1], pads=[1, 0, 0, 1], dilations=[1, 2], ort=dtype == np.float32)
+    x3 = rand((1, 2 * 8, 8)).astype(dtype)
+    both("Col2Im", {"x": x3}, opset=18, initializers={"img": np.array([3, 3, 3], np.int64),
+                                                     "blk": np.array([2, 2, 2], np.int64)},
+         ort=False)
+
+
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_max_unpool(with_shape):
+    x = rand((1, 2, 2, 3))
+    # each max's flat position in the (1, 2, 4, 6) MaxPool input, inside its own 2x2 window
+    rows, cols = np.meshgrid(np.arange(2), np.arange(3), indexing="ij")
+    pos = (2 * rows + R.integers(0, 2, (2, 2, 3))) * 6 + 2 * cols + R.integers(0, 2, (2, 2, 3))
+    idx = (pos + np.arange(2)[:, None, None] * 24)[None].astype(np.int64)
+    inits = {"shape": np.array([1, 2, 5, 7], np.int64)} if with_shape else None
+    names = ["x", "i", "shape"] if with_shape else None
+    both("MaxUnpool", {"x": x, "i": idx}, opset=11, initializers=inits, input_names=names,
+         kernel_shape=[2, 2], strides=[2, 2], ort=not with_shape)

@@ -1,4 +1,5 @@
-"""Torch kernels: GridSample (16+, N-d; and com.microsoft's 4-D one), AffineGrid, DeformConv.
+"""Torch kernels: GridSample (16+, N-d; and com.microsoft's 4-D one), AffineGrid, DeformConv,
+RoiAlign.
 
 All three sample an image at fractional positions. As in the CPU provider, every
 interpolation tap becomes one flat index tensor and one weight tensor over all output
@@ -12,9 +13,11 @@ import itertools
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.dtypes import DataType
+from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, compute_dtype, ints
 from onnxkiln.providers.cuda.dtypes import FLOATS, SERVED, needs
 from onnxkiln.providers.cuda.registry import kernel
@@ -288,5 +291,104 @@ def deform_conv(info: NodeInfo) -> Callable[..., Tensor]:
         if b is not None:
             y = y + b.to(cdt).reshape(1, oc, *([1] * r))
         return y.to(x.dtype)
+
+    return run
+
+
+def _roi_axis(start: np.ndarray, bin_size: np.ndarray, grid: np.ndarray, pooled: int,
+              size: int, most: int):
+    """Bilinear taps of one axis for every RoI, each (R, pooled * most): low, high, their
+    weights and whether the sample exists (sample s < the RoI's grid) and is in range."""
+    p = np.arange(pooled, dtype=np.float64)[None, :, None]
+    s = np.arange(most, dtype=np.float64)[None, None, :]
+    g = np.maximum(grid, 1).astype(np.float64)[:, None, None]
+    pos = start[:, None, None] + p * bin_size[:, None, None] + (s + 0.5) * bin_size[:, None,
+                                                                                   None] / g
+    exists = np.broadcast_to(s < grid[:, None, None], pos.shape)
+    valid = (exists & (pos >= -1.0) & (pos <= size)).reshape(len(start), -1)
+    pos = np.maximum(pos, 0.0).reshape(len(start), -1)
+    low = np.floor(pos).astype(np.int64)
+    edge = low >= size - 1
+    low = np.minimum(low, size - 1)
+    high = np.where(edge, low, low + 1)
+    frac = np.where(edge, low, pos) - low
+    return low, high, 1.0 - frac, frac, valid, exists.reshape(len(start), -1)
+
+
+def _roi_grids(boxes: np.ndarray, oh: int, ow: int, ratio: int, half: bool):
+    """Per RoI: (y1, x1, bin height, bin width, samples per bin in y, in x)."""
+    x1, y1, x2, y2 = boxes.T
+    rw, rh = x2 - x1, y2 - y1
+    if not half:
+        rw, rh = np.maximum(rw, 1.0), np.maximum(rh, 1.0)
+    bh, bw = rh / oh, rw / ow
+    if ratio > 0:
+        gh = gw = np.full(len(boxes), ratio, np.int64)
+    else:
+        gh, gw = np.ceil(rh / oh).astype(np.int64), np.ceil(rw / ow).astype(np.int64)
+    return y1, x1, bh, bw, np.maximum(gh, 0), np.maximum(gw, 0)
+
+
+def _roi_supports(info: NodeInfo) -> str | None:
+    mode = attr_str(info.attrs.get("mode")) or "avg"
+    if mode not in ("avg", "max"):
+        return f"RoiAlign: mode {mode!r} is not avg or max"
+    ctm = attr_str(info.attrs.get("coordinate_transformation_mode")) or "output_half_pixel"
+    if ctm not in ("half_pixel", "output_half_pixel"):
+        return f"RoiAlign: coordinate_transformation_mode {ctm!r} is not a known one"
+    return None
+
+
+@kernel("RoiAlign", since=10, factory=True, capture=CaptureSupport.HOST_SYNC,
+        supports=needs(FLOATS | {DataType.INT64}, extra=_roi_supports))
+def roi_align(info: NodeInfo) -> Callable[..., Tensor]:
+    """avg or max (onnxruntime's: the max over samples of the largest weighted corner) over
+    each bin's bilinear samples. The RoIs are downloaded (one small sync) to lay out every
+    RoI's samples, padded to the largest grid; the image is gathered in one pass per corner."""
+    attrs = dict(info.attrs)
+    use_max = (attr_str(attrs.get("mode")) or "avg") == "max"
+    half = attr_str(attrs.get("coordinate_transformation_mode")) == "half_pixel"
+    oh, ow = int(attrs.get("output_height") or 1), int(attrs.get("output_width") or 1)
+    ratio = int(attrs.get("sampling_ratio") or 0)
+    scale = float(attrs.get("spatial_scale") if attrs.get("spatial_scale") is not None else 1.0)
+
+    def run(x: Tensor, rois: Tensor, batch_indices: Tensor) -> Tensor:
+        if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4:
+            raise ValueError(f"RoiAlign: X must be (N, C, H, W) and rois (R, 4); got "
+                             f"{tuple(x.shape)} and {tuple(rois.shape)}")
+        nr, (n, c, h, w) = rois.shape[0], x.shape
+        bidx = batch_indices.reshape(-1).long().cpu().numpy()
+        if bidx.shape[0] != nr:
+            raise ValueError(f"RoiAlign: batch_indices has {bidx.shape[0]} values for {nr} rois")
+        if nr and (bidx.min() < 0 or bidx.max() >= n):
+            raise IndexError(f"RoiAlign: batch_indices must lie in [0, {n}), got {bidx.tolist()}")
+        cdt = compute_dtype(x.dtype)
+        boxes = rois.double().cpu().numpy() * scale - (0.5 if half else 0.0)
+        y1, x1, bh, bw, gh, gw = _roi_grids(boxes, oh, ow, ratio, half)
+        mh, mw = int(gh.max(initial=0)), int(gw.max(initial=0))
+        if nr == 0 or mh == 0 or mw == 0:
+            return torch.zeros((nr, c, oh, ow), dtype=x.dtype, device=x.device)
+        ylo, yhi, wylo, wyhi, vy, ey = _roi_axis(y1, bh, gh, oh, h, mh)
+        xlo, xhi, wxlo, wxhi, vx, ex = _roi_axis(x1, bw, gw, ow, w, mw)
+        dev = x.device
+        valid = vy[:, :, None] & vx[:, None, :]
+        img = x.permute(0, 2, 3, 1).reshape(-1, c).to(cdt)  # (N*H*W, C) rows
+        base = (bidx * h * w)[:, None, None]
+        best = None
+        for rows, wy in ((ylo, wylo), (yhi, wyhi)):
+            for cols, wx in ((xlo, wxlo), (xhi, wxhi)):
+                flat = torch.from_numpy(base + rows[:, :, None] * w + cols[:, None, :]).to(dev)
+                wgt = torch.from_numpy((wy[:, :, None] * wx[:, None, :]) * valid).to(dev, cdt)
+                v = img[flat] * wgt[..., None]  # (R, oh*mh, ow*mw, C)
+                best = v if best is None else torch.maximum(best, v) if use_max else best + v
+        cells = best.reshape(nr, oh, mh, ow, mw, c)
+        exists = torch.from_numpy((ey[:, :, None] & ex[:, None, :]).reshape(
+            nr, oh, mh, ow, mw, 1)).to(dev)
+        if use_max:
+            pooled = cells.masked_fill(~exists, -torch.inf).amax(dim=(2, 4))
+        else:
+            count = torch.from_numpy(gh * gw).to(dev, cdt).reshape(nr, 1, 1, 1)
+            pooled = cells.masked_fill(~exists, 0).sum(dim=(2, 4)) / count
+        return pooled.permute(0, 3, 1, 2).to(x.dtype).contiguous()
 
     return run
