@@ -1,5 +1,6 @@
 """CUDA-provider torch kernels vs the numpy CPU provider: losses (NegativeLogLikelihoodLoss,
-SoftmaxCrossEntropyLoss)."""
+SoftmaxCrossEntropyLoss), quantization, Cast to/from float8, the integer ops, and LpPool,
+Det, ReverseSequence and Dropout."""
 
 from __future__ import annotations
 
@@ -224,3 +225,59 @@ def test_qlinear_conv_and_conv_integer(group, per_channel, bias):
     if bias:
         feeds["b"] = R.integers(-5000, 5000, size=6).astype(np.int32)
     check_node("QLinearConv", feeds, opset=10, **attrs)
+
+
+# ------------------------------------------------------------- LpPool, Det, ReverseSequence
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 2]},
+    {"kernel_shape": [3, 3], "pads": [1, 0, 2, 1], "strides": [2, 1]},
+    {"kernel_shape": [2, 2], "dilations": [2, 1], "ceil_mode": 1, "strides": [2, 2]},
+    {"kernel_shape": [3, 2], "auto_pad": "SAME_LOWER"},
+])
+def test_lp_pool(p, attrs):
+    check_node("LpPool", {"x": rand((2, 3, 7, 6))}, opset=18, p=p, **attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_lp_pool_1d_3d_and_global(dtype):
+    check_node("LpPool", {"x": rand((1, 2, 9), dtype)}, opset=18, p=2, kernel_shape=[3])
+    check_node("LpPool", {"x": rand((1, 2, 4, 4, 4), dtype)}, opset=18, p=1,
+               kernel_shape=[2, 2, 2])
+    check_node("GlobalLpPool", {"x": rand((2, 3, 4, 5), dtype)}, opset=2, p=3)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (5, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_det(shape, dtype):
+    check_node("Det", {"x": rand(shape, dtype)}, opset=11, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [(1, 0), (0, 1)])
+def test_reverse_sequence(axes):
+    batch_axis, time_axis = axes
+    shape = [4, 5, 2] if batch_axis == 1 else [5, 4, 2]
+    lens = np.array([4, 1, 0, 3, 2][:shape[batch_axis]], np.int64)
+    check_node("ReverseSequence", {"x": rand(shape), "lens": lens}, opset=10,
+               batch_axis=batch_axis, time_axis=time_axis)
+
+
+# ---------------------------------------------------------------------------------- Dropout
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_dropout_training_matches_the_cpu_stream(ratio, seed):
+    feeds = {"x": rand((3, 4, 5))}
+    inits = {"r": np.float32(ratio), "t": np.array(True)}
+    check_node("Dropout", feeds, initializers=inits, n_outputs=2, opset=13, seed=seed)
+
+
+def test_dropout_old_opsets():
+    x = rand((3, 4))
+    check_node("Dropout", {"x": x}, n_outputs=2, opset=6, ratio=0.4, is_test=1)
+    check_node("Dropout", {"x": x}, n_outputs=2, opset=6, ratio=0.4, seed=3)
+    check_node("Dropout", {"x": x}, n_outputs=2, opset=7, ratio=0.4)
+    check_node("Dropout", {"x": x}, n_outputs=2, opset=10, ratio=0.4)

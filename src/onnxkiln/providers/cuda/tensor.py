@@ -15,7 +15,7 @@ import torch
 
 from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cuda._util import attr_str, axes_of, axis_of, host_input, ints
+from onnxkiln.providers.cuda._util import attr_str, axes_of, axis_of, ints
 from onnxkiln.providers.cuda.device import current_device
 from onnxkiln.providers.cuda.dtypes import FLOAT8, SERVED, needs, to_torch, to_torch_dtype
 from onnxkiln.providers.cuda.registry import kernel
@@ -217,22 +217,6 @@ def transpose(info: NodeInfo) -> Callable[[Tensor], Tensor]:
 def identity(x: Tensor) -> Tensor:
     """The input itself."""
     return x
-
-
-@kernel("Dropout", since=12, factory=True, multi_output=True, view=True, host_inputs=(1, 2),
-        supports=needs(SERVED, skip_inputs=(1, 2), extra=lambda info: (
-            "Dropout in training mode is left to the CPU" if info.n_inputs > 2
-            and (host_input(info, 2) is None or bool(np.asarray(host_input(info, 2))))
-            else None)))
-def dropout(info: NodeInfo) -> Callable[..., tuple]:
-    """Inference Dropout: the input itself, and an all-true mask when asked."""
-    want_mask = info.n_outputs > 1 and (not info.output_present or info.output_present[1])
-
-    def run(x: Tensor, ratio=None, training_mode=None) -> tuple:
-        mask = torch.ones_like(x, dtype=torch.bool) if want_mask else None
-        return x, mask
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------
