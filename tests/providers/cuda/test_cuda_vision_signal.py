@@ -332,3 +332,39 @@ def test_max_unpool(with_shape):
     names = ["x", "i", "shape"] if with_shape else None
     both("MaxUnpool", {"x": x, "i": idx}, opset=11, initializers=inits, input_names=names,
          kernel_shape=[2, 2], strides=[2, 2], ort=not with_shape)
+
+
+# ------------------------------------------------------------------------------ Attention
+
+
+@pytest.mark.parametrize("left,right", [(1, -1), (-1, 0), (2, 1), (0, 0)])
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("past", [0, 3])
+def test_attention_sliding_window(left, right, causal, past):
+    b, hq, hkv, s, d = 2, 4, 2, 5, 8
+    feeds = {"q": rand((b, hq, s, d)), "k": rand((b, hkv, s, d)), "v": rand((b, hkv, s, d))}
+    names, n_out = ["q", "k", "v"], 1
+    if past:
+        feeds.update(pk=rand((b, hkv, past, d)), pv=rand((b, hkv, past, d)))
+        names += ["", "pk", "pv"]
+        n_out = 3
+    both("Attention", feeds, opset=24, input_names=names, n_outputs=n_out,
+         ort=False,  # onnxruntime 1.32 rejects the window attributes
+         is_causal=causal, left_window_size=left, right_window_size=right)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("window", [-1, 1])
+@pytest.mark.parametrize("mask", [False, True])
+def test_attention_nonpad_kv_seqlen(causal, window, mask):
+    b, h, s, t, d = 3, 2, 4, 6, 8
+    feeds = {"q": rand((b, h, s, d)), "k": rand((b, h, t, d)), "v": rand((b, h, t, d))}
+    names = ["q", "k", "v", ""]
+    if mask:
+        feeds["m"] = R.uniform(-1, 1, (b, 1, s, t)).astype(np.float32)
+        names[3] = "m"
+    feeds["n"] = np.array([6, 4, 5], np.int64)
+    names += ["", "", "n"]
+    kw = {} if window == -1 else {"left_window_size": window}  # onnxruntime has no windows
+    both("Attention", feeds, opset=24, input_names=names, ort=window == -1, is_causal=causal,
+         **kw)

@@ -1,8 +1,9 @@
 """Torch kernels: ai.onnx Attention (23+), RotaryEmbedding (ai.onnx 23+ and com.microsoft).
 
 Attention runs torch's fused `scaled_dot_product_attention` (flash / memory-efficient on
-CUDA) with an additive bias built on the device from attn_mask and the causal frontier
-(bottom-right aligned past a KV cache, as ONNX asks); fully masked rows come out as zeros,
+CUDA) with an additive bias built on the device from attn_mask, the causal frontier
+(bottom-right aligned past a KV cache, as ONNX asks), the sliding window and
+nonpad_kv_seqlen (a device tensor: no sync); fully masked rows come out as zeros,
 like the CPU provider. Soft-capping or a requested qk_matmul_output run the explicit math.
 16-bit inputs compute in float32 here (the CPU provider rounds each step to the input type).
 """
@@ -33,10 +34,9 @@ def _attention_supports(info: NodeInfo) -> str | None:
     if why:
         return why
     a = info.attrs
-    if int(a.get("left_window_size", -1)) != -1 or int(a.get("right_window_size", -1)) != -1:
-        return "Attention with a sliding window is left to the CPU"
-    if len(info.input_present) > 6 and info.input_present[6]:
-        return "Attention with nonpad_kv_seqlen is left to the CPU"
+    for name in ("left_window_size", "right_window_size"):
+        if int(a.get(name, -1)) < -1:
+            return f"Attention: {name} must be -1 or >= 0, got {a[name]}"
     return None
 
 
@@ -48,8 +48,10 @@ def _heads(x: Tensor, heads, name: str) -> Tensor:
 
 
 def _bias(mask: Tensor | None, b: int, sq: int, total: int, past: int, causal: bool,
-          ct: torch.dtype, device) -> Tensor | None:
-    """Additive (B|1, H|1, Sq, total) bias from attn_mask and the causal frontier."""
+          ct: torch.dtype, device, window: tuple[int, int] = (-1, -1),
+          nonpad: Tensor | None = None) -> Tensor | None:
+    """Additive (B|1, H|1, Sq, total) bias from attn_mask, the causal frontier (bottom-right
+    aligned past a KV cache), the (left, right) sliding window and nonpad_kv_seqlen."""
     bias = None
     if mask is not None:
         n = mask.shape[-1]
@@ -62,13 +64,29 @@ def _bias(mask: Tensor | None, b: int, sq: int, total: int, past: int, causal: b
             bias = mask.to(ct)
         if n < total:
             bias = F.pad(bias, (0, total - n), value=_NEG_INF)
-    if causal and past < total - 1:
-        i = torch.arange(sq, device=device).unsqueeze(1)
-        j = torch.arange(total, device=device).unsqueeze(0)
-        structural = torch.zeros((sq, total), dtype=ct, device=device).masked_fill(
-            j > i + past, _NEG_INF)
-        bias = structural if bias is None else bias + structural
-    return bias
+    left, right = window
+    windowed = left >= 0 or right >= 0
+    if causal and not windowed and nonpad is None and past >= total - 1:
+        causal = False  # every query sees every key (e.g. one decode step after the cache)
+    if not (causal or windowed or nonpad is not None):
+        return bias
+    j = torch.arange(total, device=device)
+    allowed = None
+    if causal or windowed:
+        # query i sits at absolute position i + offset: the count of valid keys before it
+        offset = past if nonpad is None else (nonpad.long() - sq).reshape(b, 1, 1, 1)
+        diff = torch.arange(sq, device=device)[:, None] + offset - j  # (Sq|B,1,Sq, total)
+        allowed = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
+        if left >= 0:
+            allowed = allowed & (diff <= left)
+        if right >= 0:
+            allowed = allowed & (diff >= -right)
+    if nonpad is not None:
+        valid = j < nonpad.long().reshape(b, 1, 1, 1)
+        allowed = valid if allowed is None else allowed & valid
+    structural = torch.zeros(allowed.shape, dtype=ct, device=device).masked_fill(
+        ~allowed, _NEG_INF)
+    return structural if bias is None else bias + structural
 
 
 @kernel("Attention", since=23, factory=True, multi_output=True, supports=_attention_supports,
@@ -83,6 +101,7 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
     softcap = float(a.get("softcap") or 0.0)
     mode = int(a.get("qk_matmul_output_mode") or 0)
     want_pk, want_pv, want_qk = wants(info, 1), wants(info, 2), wants(info, 3)
+    window = (int(a.get("left_window_size", -1)), int(a.get("right_window_size", -1)))
 
     def run(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad=None, *,
             _into=None):
@@ -95,6 +114,9 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
         if hkv == 0 or hq % hkv:
             raise ValueError(f"Attention: q heads {hq} must be a multiple of kv heads {hkv}")
         past = 0
+        if nonpad is not None and (past_key is not None or tuple(nonpad.shape) != (b,)):
+            raise ValueError(f"Attention: nonpad_kv_seqlen must have shape ({b},) and comes "
+                             f"without past_key/past_value; got {tuple(nonpad.shape)}")
         if past_key is not None:
             past = past_key.shape[2]
             if _into is not None:  # the presents are the bindings: write the new rows only
@@ -115,7 +137,7 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
             qk = torch.zeros((b, hq, sq, 0), dtype=dt, device=q.device) if want_qk else None
             return y, pk, pv, qk
         scale = 1.0 / math.sqrt(d) if scale_attr is None else float(scale_attr)
-        bias = _bias(attn_mask, b, sq, total, past, causal, ct, q.device)
+        bias = _bias(attn_mask, b, sq, total, past, causal, ct, q.device, window, nonpad)
         g = hq // hkv
         qc, kc, vc = q4.to(ct), pk.to(ct), pv.to(ct)
         if g > 1:
