@@ -84,3 +84,16 @@ def test_if_whose_branches_produce_too_few_outputs_is_refused_at_load():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelLoadError, match="If has 1 output.*then_branch produces 0"):
         InferenceSession(model.SerializeToString())
+
+
+def test_a_node_with_more_inputs_than_its_schema_takes_is_refused_at_load():
+    # onnxruntime: INVALID_GRAPH; the kernel was called with an argument it does not take
+    node = helper.make_node("ReduceMean", ["x", "axes"], ["y"])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(ModelLoadError, match="ReduceMean .opset 13. takes at most 1 inputs"):
+        InferenceSession(model.SerializeToString())

@@ -20,7 +20,7 @@ from onnxkiln.providers.base import (
     NodeInfo,
     normalize_domain,
 )
-from onnxkiln.schema import schema_defaults
+from onnxkiln.schema import check_arity, schema_defaults
 
 __all__ = ["Plan", "Step", "build_plan", "free_values", "lifetimes", "prune_outputs"]
 
@@ -316,6 +316,9 @@ def _shape(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
 
 def _build_kernel(spec: KernelSpec, info: NodeInfo) -> Callable[..., Any]:
     try:
+        last_in = max((i + 1 for i, p in enumerate(info.input_present) if p), default=0)
+        last_out = max((i + 1 for i, p in enumerate(info.output_present) if p), default=0)
+        check_arity(info.op_type, info.domain, info.opset, last_in, last_out)
         return spec.build(info)
     except ModelLoadError:
         raise

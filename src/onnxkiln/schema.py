@@ -9,7 +9,7 @@ from typing import Any
 
 import onnx
 
-__all__ = ["positive_int_attr", "schema_defaults"]
+__all__ = ["check_arity", "positive_int_attr", "schema_defaults"]
 
 
 @functools.cache
@@ -33,6 +33,27 @@ def schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]:
             value = onnx.numpy_helper.to_array(value)
         out[name] = value
     return out
+
+
+@functools.cache
+def _max_arity(op_type: str, domain: str, opset: int) -> tuple[int, int] | None:
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+    return schema.max_input, schema.max_output
+
+
+def check_arity(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> None:
+    """Refuse a node with more inputs or outputs than its schema allows (onnxruntime refuses
+    the model; a kernel would be called with arguments it does not take)."""
+    arity = _max_arity(op_type, domain, opset)
+    if arity is None:
+        return
+    for what, given, most in (("inputs", n_inputs, arity[0]), ("outputs", n_outputs, arity[1])):
+        if given > most:
+            raise ValueError(f"{op_type} (opset {opset}) takes at most {most} {what}; "
+                             f"the node has {given}")
 
 
 def positive_int_attr(attrs: Mapping[str, Any], name: str, op: str, default: int = 1) -> int:
