@@ -1,12 +1,15 @@
 """ONNX backend node cases through the CUDA provider's torch kernels alone (no partitioner).
 
-    python tests/providers/cuda/conformance_torch.py [-k substring] [-v]
+    python tests/providers/cuda/conformance_torch.py [-k substring] [-v] [--write-manifest]
     ONNXKILN_TORCH_TEST_DEVICE=cuda python tests/providers/cuda/conformance_torch.py
 
 Every case whose nodes all resolve in the torch registry (no subgraphs, no sequences) runs
 node by node on the torch kernels and is compared with onnx's expected outputs. Cases a
-kernel declines through `supports` are counted, not run. Exits 1 if a case outside KNOWN
-fails. Too slow for the unit suite (about 25 s of CPU); the GPU check runs it.
+kernel declines through `supports` are counted, not run. Each case's outcome is checked
+against tests/conformance/manifest_torch.txt (the cases that do not pass, with their reason:
+"not served: ...", "declined: ..." or "fails: ..."); exits 1 on any difference.
+--write-manifest rewrites it (existing reasons for "fails" entries are kept).
+test_cuda_conformance.py checks a subset of the cases in the unit suite.
 """
 
 from __future__ import annotations
@@ -22,71 +25,131 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "conformance"))
 
-KNOWN = {
-    # the decomposed (expanded) fp16 attention rounds each op to float16 in onnx's reference;
-    # torch's float16 Softmax/MatMul accumulate in float32: 2 of 192 values differ by 5e-4
-    "test_attention_4d_causal_fp16_expanded",
-}
+MANIFEST = HERE.parents[1] / "conformance" / "manifest_torch.txt"
+_HEADER = [
+    "# ONNX backend node cases that do not pass on the CUDA provider's torch kernels alone",
+    "# (run node by node on torch's CPU device): exact names, one reason each, prefixed",
+    "# 'not served:' (no torch kernel, or inputs the harness cannot feed), 'declined:' (the",
+    "# kernel's supports reason, which the planner hands to the CPU provider) or 'fails:'.",
+    "# Regenerate with tests/providers/cuda/conformance_torch.py --write-manifest.",
+]
+
+
+class _Skip(Exception):
+    pass
+
+
+def _unserved(model) -> str | None:
+    """Why the graph cannot run on the torch registry alone, else None."""
+    from cuda_harness import CUDA
+
+    graph, imports = model.graph, dict(model.opset_imports)
+    nodes = list(graph.all_nodes())
+    if len(nodes) != len(list(graph)):
+        return "not served: subgraphs run on the CPU provider"
+    missing = sorted({
+        n.op_type for n in nodes
+        if CUDA.resolve("" if n.domain == "ai.onnx" else n.domain, n.op_type,
+                        imports.get("" if n.domain == "ai.onnx" else n.domain, 1)) is None})
+    if missing:
+        return f"not served: no torch kernel for {', '.join(missing)}"
+    return None
+
+
+def torch_outcome(case) -> str | None:
+    """None if the case passes on the torch kernels, else a one-line reason (prefixed)."""
+    from cuda_harness import run_graph
+    from node_cases import _compare, normalize
+
+    from onnxkiln import loader
+
+    model = loader.from_graph(case.model)
+    why = _unserved(model)
+    if why is not None:
+        return why
+    graph = model.graph
+    names = [v.name for v in graph.inputs if v.name not in graph.initializers]
+    try:
+        for inputs, expected in case.data_sets:
+            if any(x is None or isinstance(x, list) for x in inputs):
+                raise _Skip
+            feeds = dict(zip(names, [normalize(x) for x in inputs]))
+            _compare([normalize(x) for x in expected], run_graph(model, feeds, True),
+                     case.rtol, case.atol)
+    except _Skip:
+        return "not served: sequence or optional input"
+    except Exception as e:  # an outcome, not a test
+        msg = re.sub(r"\s+", " ", f"{type(e).__name__}: {e}")
+        if "declined: " in msg:
+            return "declined: " + msg.split("declined: ")[-1][:200]
+        return "fails: " + msg[:200]
+    return None
+
+
+def load_torch_manifest() -> dict[str, str]:
+    from node_cases import load_manifest
+
+    return load_manifest(MANIFEST)
+
+
+def mismatch(name: str, outcome: str | None, listed: str | None) -> str | None:
+    """Why a case's outcome disagrees with the manifest, else None. 'fails:' entries match
+    any failure (their messages carry values); the others must match exactly."""
+    if outcome is None:
+        return None if listed is None else f"{name} now passes: remove it (was: {listed})"
+    if listed is None:
+        return f"{name} does not pass: {outcome}"
+    if listed.startswith("fails:") and outcome.startswith("fails:"):
+        return None
+    if outcome != listed:
+        return f"{name}: {outcome} (the manifest says: {listed})"
+    return None
+
+
+def _write(results: dict[str, str | None]) -> None:
+    known = load_torch_manifest()
+    lines = []
+    for name, outcome in sorted(results.items()):
+        if outcome is None:
+            continue
+        old = known.get(name)
+        keep = old is not None and old.startswith("fails:") and outcome.startswith("fails:")
+        lines.append(f"{name} {old if keep else outcome}")
+    MANIFEST.write_text("\n".join(_HEADER + lines) + "\n")
+    print(f"wrote {MANIFEST} ({len(lines)} entries)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("-k", default="")
     parser.add_argument("-v", action="store_true")
+    parser.add_argument("--write-manifest", action="store_true")
     args = parser.parse_args()
-    from cuda_harness import CUDA, DEVICE, run_graph
-    from node_cases import _compare, load_cases, normalize
-
-    from onnxkiln import loader
+    from cuda_harness import DEVICE
+    from node_cases import load_cases
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = [c for c in load_cases() if args.k in c.name]
-    counts: collections.Counter = collections.Counter()
-    declined: collections.Counter = collections.Counter()
-    failures = []
-    for case in cases:
-        model = loader.from_graph(case.model)
-        graph, imports = model.graph, dict(model.opset_imports)
-        nodes = list(graph.all_nodes())
-        served = len(nodes) == len(list(graph)) and all(
-            CUDA.resolve("" if n.domain == "ai.onnx" else n.domain, n.op_type,
-                         imports.get("" if n.domain == "ai.onnx" else n.domain, 1)) is not None
-            for n in nodes)
-        if not served:
-            counts["not served"] += 1
-            continue
-        names = [v.name for v in graph.inputs if v.name not in graph.initializers]
-        try:
-            for inputs, expected in case.data_sets:
-                if any(x is None or isinstance(x, list) for x in inputs):
-                    raise _Skip("sequence or optional input")
-                feeds = dict(zip(names, [normalize(x) for x in inputs]))
-                _compare([normalize(x) for x in expected], run_graph(model, feeds, True),
-                         case.rtol, case.atol)
-            counts["pass"] += 1
-        except _Skip:
-            counts["not served"] += 1
-        except Exception as e:  # a report, not a test
-            msg = re.sub(r"\s+", " ", f"{type(e).__name__}: {e}")
-            if "declined:" in msg:
-                counts["declined"] += 1
-                declined[msg.split("declined: ")[-1][:100]] += 1
-            else:
-                counts["fail"] += 1
-                failures.append((case.name, msg[:300]))
+        results = {c.name: torch_outcome(c) for c in cases}
+    counts = collections.Counter(
+        "pass" if r is None else r.split(":")[0] for r in results.values())
     print(f"torch kernels on {DEVICE}: {dict(counts)}")
     if args.v:
-        for reason, n in declined.most_common():
-            print(f"  declined x{n}: {reason}")
-    unexpected = [(n, m) for n, m in failures if n not in KNOWN]
-    for name, msg in failures:
-        print(f"{'KNOWN ' if name in KNOWN else ''}FAIL {name}: {msg}")
-    return 1 if unexpected else 0
-
-
-class _Skip(Exception):
-    pass
+        reasons = collections.Counter(r for r in results.values() if r is not None)
+        for reason, n in reasons.most_common():
+            print(f"  x{n}: {reason[:160]}")
+    if args.write_manifest:
+        if args.k:
+            parser.error("--write-manifest needs every case (no -k)")
+        _write(results)
+        return 0
+    listed = load_torch_manifest()
+    problems = [m for name, r in results.items()
+                if (m := mismatch(name, r, listed.get(name))) is not None]
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
