@@ -368,3 +368,20 @@ def test_attention_nonpad_kv_seqlen(causal, window, mask):
     kw = {} if window == -1 else {"left_window_size": window}  # onnxruntime has no windows
     both("Attention", feeds, opset=24, input_names=names, ort=window == -1, is_causal=causal,
          **kw)
+
+
+# ------------------------------------------------------------------------------ MaxPool Indices
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ((1, 2, 6, 7), {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 1, 1, 0]}),
+    ((1, 2, 7, 7), {"kernel_shape": [3, 3], "dilations": [2, 1], "ceil_mode": 1,
+                    "strides": [2, 2]}),
+    ((1, 1, 4, 5, 6), {"kernel_shape": [2, 2, 3], "strides": [2, 2, 2]}),
+])
+@pytest.mark.parametrize("order", [0, 1])
+def test_max_pool_indices(shape, attrs, order):
+    x = rand(shape)
+    both("MaxPool", {"x": x}, opset=12, n_outputs=2, storage_order=order, **attrs,
+         ort=not (order and len(shape) != 4))  # onnxruntime: storage_order only in 2-D

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._window import geometry
 from onnxkiln.providers.cpu.conv import _transpose_pads
@@ -67,12 +68,12 @@ _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
-def _spatial_supports(op: str, extra=None, what: str = _NO_INT):
+def _spatial_supports(op: str, extra=None, what: str = _NO_INT, allowed=FLOATS):
     def supports(info: NodeInfo) -> str | None:
         why = extra(info) if extra is not None else None
         if why:
             return why
-        why = needs(FLOATS, what=what)(info)
+        why = needs(allowed, what=what)(info)
         if why:
             return why
         shape = info.input_shapes[0] if info.input_shapes else None
@@ -164,9 +165,33 @@ def conv_transpose(info: NodeInfo) -> Callable[..., Tensor]:
 
 
 def _pool_attrs_ok(info: NodeInfo) -> str | None:
-    if info.op_type == "MaxPool" and info.n_outputs > 1 and wants(info, 1):
-        return "MaxPool's Indices output is left to the CPU"
+    x = info.input_dtypes[0] if info.input_dtypes else None
+    if x is not None and x not in FLOATS:  # only Indices may be int64
+        return f"MaxPool on {x} is not supported by the torch kernels (integer pooling) (input 0)"
+    order = int(info.attrs.get("storage_order") or 0)
+    if order not in (0, 1):
+        return f"MaxPool: storage_order must be 0 or 1, got {order}"
     return None
+
+
+def _onnx_indices(idx: Tensor, geo, storage_order: int) -> Tensor:
+    """torch's per-plane flat indices into the padded input -> ONNX's flat indices into the
+    unpadded input tensor (row-major, or column-major spatial dims for storage_order=1)."""
+    nsp = idx.ndim - 2
+    sizes = geo.in_shape
+    if storage_order:
+        mult = [math.prod(sizes[:i]) for i in range(nsp)]
+    else:
+        mult = [math.prod(sizes[i + 1:]) for i in range(nsp)]
+    n, c = idx.shape[:2]
+    planes = torch.arange(n * c, device=idx.device).reshape(n, c, *([1] * nsp))
+    flat = planes * math.prod(sizes)
+    rest = idx
+    for i in reversed(range(nsp)):
+        coord = rest % geo.padded[i] - geo.pads_begin[i]
+        rest = rest // geo.padded[i]
+        flat = flat + coord * mult[i]
+    return flat
 
 
 def _padded(x: Tensor, geo, fill) -> Tensor:
@@ -178,17 +203,25 @@ def _padded(x: Tensor, geo, fill) -> Tensor:
 
 
 @kernel("MaxPool", since=1, factory=True, multi_output=True,
-        supports=_spatial_supports("MaxPool", _pool_attrs_ok, "integer pooling"))
+        supports=_spatial_supports("MaxPool", _pool_attrs_ok, "integer pooling",
+                                   FLOATS | {DataType.INT64}))
 def max_pool(info: NodeInfo) -> Callable[[Tensor], tuple]:
-    """MaxPool (-inf padding, dilations, ceil_mode, auto_pad); no Indices output."""
+    """MaxPool (-inf padding, dilations, ceil_mode, auto_pad); Indices as ONNX's flat
+    positions in the unpadded input (storage_order 0 or 1)."""
     attrs = dict(info.attrs)
     cache: dict[tuple, object] = {}
+    want_indices = info.n_outputs > 1 and wants(info, 1)
+    storage_order = int(attrs.get("storage_order") or 0)
 
     def run(x: Tensor) -> tuple:
         geo = cache.get(tuple(x.shape))
         if geo is None:
             geo = cache[tuple(x.shape)] = _pool_geometry(attrs, tuple(x.shape))
         xp = _padded(x, geo, -math.inf)
+        if want_indices:
+            y, idx = _MAXPOOL[x.ndim - 2](xp, geo.kernel, geo.strides, 0, geo.dilations,
+                                          return_indices=True)
+            return (y, _onnx_indices(idx, geo, storage_order))
         y = _MAXPOOL[x.ndim - 2](xp, geo.kernel, geo.strides, 0, geo.dilations)
         if y is x:
             y = y.clone()
