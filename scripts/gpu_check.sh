@@ -34,6 +34,7 @@ status=0
 ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 300 "$PY" -m pytest -q -p no:cacheprovider --maxfail=25 \
     -o addopts="" tests/test_cuda_gpu.py tests/test_bindings.py tests/test_placement.py \
     tests/test_capture.py tests/test_capture_safe.py tests/test_decode_memo.py \
+    tests/test_bindings_attention.py tests/test_decode_growing.py tests/test_generate.py \
     tests/providers/cuda -rs || status=$?
 ONNXKILN_TORCH_TEST_DEVICE=cuda timeout 120 "$PY" tests/providers/cuda/conformance_torch.py \
     || status=$?
@@ -42,4 +43,11 @@ timeout 60 "$PY" examples/decode_loop.py --device cuda --gpt2 --tokens 16 || sta
 # device-graph capture: the small model as a smoke test, then GPT-2 small, 100 steps
 timeout 60 "$PY" bench/capture.py --device cuda --small || status=$?
 timeout 120 "$PY" bench/capture.py --device cuda --gpt2 --steps 100 || status=$?
+# real exported decoders (the genai builder's graphs) when the machine can build them
+if "$PY" -c "import onnxruntime_genai, transformers" 2>/dev/null; then
+    timeout 240 "$PY" bench/decode_real.py --device cuda --models llama-fp32 gpt2-export \
+        --modes ok-plain ok-bound ok-captured ok-generate --rounds 3 || status=$?
+else
+    echo "bench/decode_real.py skipped: onnxruntime-genai or transformers missing here"
+fi
 exit $status
