@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the CUDA provider's kernels are torch ops")
 
-from cuda_harness import check, reason  # noqa: E402
+from cuda_harness import check, node_info, reason  # noqa: E402
 
+from onnxkiln.providers.cuda import REGISTRY as CUDA  # noqa: E402
 from onnxkiln.testing import node_model, run_ort  # noqa: E402
 
 R = np.random.default_rng(11)
@@ -223,6 +224,15 @@ def test_roi_align(mode, ctm, ratio):
 def test_roi_align_no_rois():
     both("RoiAlign", {"x": rand((1, 2, 4, 4)), "rois": np.zeros((0, 4), np.float32),
                       "i": np.zeros(0, np.int64)}, opset=16, ort=False)
+
+
+def test_roi_align_bad_batch_index():
+    feeds = {"x": rand((1, 2, 4, 4)), "rois": np.array([[0, 0, 2, 2]], np.float32),
+             "i": np.array([1], np.int64)}
+    info, _, _ = node_info(node_model("RoiAlign", feeds, opset=16))
+    run = CUDA.resolve("", "RoiAlign", 16).build(info)
+    with pytest.raises(IndexError, match=r"batch_indices must lie in \[0, 1\)"):
+        run(*(torch.from_numpy(v) for v in feeds.values()))
 
 
 def _nms_inputs(nb, nk, ns, center):

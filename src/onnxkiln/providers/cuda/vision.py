@@ -13,7 +13,6 @@ import itertools
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from onnxkiln.dtypes import DataType
@@ -295,38 +294,40 @@ def deform_conv(info: NodeInfo) -> Callable[..., Tensor]:
     return run
 
 
-def _roi_axis(start: np.ndarray, bin_size: np.ndarray, grid: np.ndarray, pooled: int,
-              size: int, most: int):
+def _roi_axis(start: Tensor, bin_size: Tensor, grid: Tensor, pooled: int, size: int,
+              most: int):
     """Bilinear taps of one axis for every RoI, each (R, pooled * most): low, high, their
-    weights and whether the sample exists (sample s < the RoI's grid) and is in range."""
-    p = np.arange(pooled, dtype=np.float64)[None, :, None]
-    s = np.arange(most, dtype=np.float64)[None, None, :]
-    g = np.maximum(grid, 1).astype(np.float64)[:, None, None]
-    pos = start[:, None, None] + p * bin_size[:, None, None] + (s + 0.5) * bin_size[:, None,
-                                                                                   None] / g
-    exists = np.broadcast_to(s < grid[:, None, None], pos.shape)
-    valid = (exists & (pos >= -1.0) & (pos <= size)).reshape(len(start), -1)
-    pos = np.maximum(pos, 0.0).reshape(len(start), -1)
-    low = np.floor(pos).astype(np.int64)
+    weights, whether the sample is in range and whether it exists (s < the RoI's grid)."""
+    dev, nr = start.device, start.shape[0]
+    p = torch.arange(pooled, dtype=torch.float64, device=dev)[None, :, None]
+    s = torch.arange(most, dtype=torch.float64, device=dev)[None, None, :]
+    b = bin_size[:, None, None]
+    g = grid.clamp_min(1).double()[:, None, None]
+    pos = start[:, None, None] + p * b + (s + 0.5) * b / g
+    exists = (s < grid[:, None, None]).expand(pos.shape).reshape(nr, -1)
+    pos = pos.reshape(nr, -1)
+    valid = exists & (pos >= -1.0) & (pos <= size)
+    pos = pos.clamp_min(0.0)
+    low = torch.floor(pos).long()
     edge = low >= size - 1
-    low = np.minimum(low, size - 1)
-    high = np.where(edge, low, low + 1)
-    frac = np.where(edge, low, pos) - low
-    return low, high, 1.0 - frac, frac, valid, exists.reshape(len(start), -1)
+    low = low.clamp_max(size - 1)
+    high = torch.where(edge, low, low + 1)
+    frac = torch.where(edge, low.double(), pos) - low
+    return low, high, 1.0 - frac, frac, valid, exists
 
 
-def _roi_grids(boxes: np.ndarray, oh: int, ow: int, ratio: int, half: bool):
+def _roi_grids(boxes: Tensor, oh: int, ow: int, ratio: int, half: bool):
     """Per RoI: (y1, x1, bin height, bin width, samples per bin in y, in x)."""
-    x1, y1, x2, y2 = boxes.T
+    x1, y1, x2, y2 = boxes.unbind(1)
     rw, rh = x2 - x1, y2 - y1
     if not half:
-        rw, rh = np.maximum(rw, 1.0), np.maximum(rh, 1.0)
+        rw, rh = rw.clamp_min(1.0), rh.clamp_min(1.0)
     bh, bw = rh / oh, rw / ow
     if ratio > 0:
-        gh = gw = np.full(len(boxes), ratio, np.int64)
+        gh = gw = torch.full(bh.shape, ratio, dtype=torch.int64, device=boxes.device)
     else:
-        gh, gw = np.ceil(rh / oh).astype(np.int64), np.ceil(rw / ow).astype(np.int64)
-    return y1, x1, bh, bw, np.maximum(gh, 0), np.maximum(gw, 0)
+        gh, gw = torch.ceil(rh / oh).long(), torch.ceil(rw / ow).long()
+    return y1, x1, bh, bw, gh.clamp_min(0), gw.clamp_min(0)
 
 
 def _roi_supports(info: NodeInfo) -> str | None:
@@ -343,8 +344,11 @@ def _roi_supports(info: NodeInfo) -> str | None:
         supports=needs(FLOATS | {DataType.INT64}, extra=_roi_supports))
 def roi_align(info: NodeInfo) -> Callable[..., Tensor]:
     """avg or max (onnxruntime's: the max over samples of the largest weighted corner) over
-    each bin's bilinear samples. The RoIs are downloaded (one small sync) to lay out every
-    RoI's samples, padded to the largest grid; the image is gathered in one pass per corner."""
+    each bin's bilinear samples, every RoI's samples laid out on the device, padded to the
+    largest grid, and gathered in one pass per corner. sampling_ratio > 0 fixes the grid
+    and runs without a sync; sampling_ratio = 0 (adaptive) reads the largest grid (and
+    checks batch_indices) on the host. With a fixed grid a batch index outside [0, N)
+    gives that RoI zeros (the CPU provider raises)."""
     attrs = dict(info.attrs)
     use_max = (attr_str(attrs.get("mode")) or "avg") == "max"
     half = attr_str(attrs.get("coordinate_transformation_mode")) == "half_pixel"
@@ -357,38 +361,53 @@ def roi_align(info: NodeInfo) -> Callable[..., Tensor]:
             raise ValueError(f"RoiAlign: X must be (N, C, H, W) and rois (R, 4); got "
                              f"{tuple(x.shape)} and {tuple(rois.shape)}")
         nr, (n, c, h, w) = rois.shape[0], x.shape
-        bidx = batch_indices.reshape(-1).long().cpu().numpy()
+        bidx = batch_indices.reshape(-1).long()
         if bidx.shape[0] != nr:
             raise ValueError(f"RoiAlign: batch_indices has {bidx.shape[0]} values for {nr} rois")
-        if nr and (bidx.min() < 0 or bidx.max() >= n):
-            raise IndexError(f"RoiAlign: batch_indices must lie in [0, {n}), got {bidx.tolist()}")
-        cdt = compute_dtype(x.dtype)
-        boxes = rois.double().cpu().numpy() * scale - (0.5 if half else 0.0)
+        boxes = rois.double() * scale - (0.5 if half else 0.0)
         y1, x1, bh, bw, gh, gw = _roi_grids(boxes, oh, ow, ratio, half)
-        mh, mw = int(gh.max(initial=0)), int(gw.max(initial=0))
+        if nr and ratio <= 0:  # the adaptive grid sizes the layout: one sync
+            lo, hi, mh, mw = (int(v) for v in torch.stack(
+                [bidx.min(), bidx.max(), gh.max(), gw.max()]).tolist())
+            if lo < 0 or hi >= n:
+                raise IndexError(f"RoiAlign: batch_indices must lie in [0, {n}), got "
+                                 f"[{lo}, {hi}]")
+        else:
+            mh = mw = ratio
         if nr == 0 or mh == 0 or mw == 0:
             return torch.zeros((nr, c, oh, ow), dtype=x.dtype, device=x.device)
-        ylo, yhi, wylo, wyhi, vy, ey = _roi_axis(y1, bh, gh, oh, h, mh)
-        xlo, xhi, wxlo, wxhi, vx, ex = _roi_axis(x1, bw, gw, ow, w, mw)
-        dev = x.device
-        valid = vy[:, :, None] & vx[:, None, :]
-        img = x.permute(0, 2, 3, 1).reshape(-1, c).to(cdt)  # (N*H*W, C) rows
-        base = (bidx * h * w)[:, None, None]
-        best = None
-        for rows, wy in ((ylo, wylo), (yhi, wyhi)):
-            for cols, wx in ((xlo, wxlo), (xhi, wxhi)):
-                flat = torch.from_numpy(base + rows[:, :, None] * w + cols[:, None, :]).to(dev)
-                wgt = torch.from_numpy((wy[:, :, None] * wx[:, None, :]) * valid).to(dev, cdt)
-                v = img[flat] * wgt[..., None]  # (R, oh*mh, ow*mw, C)
-                best = v if best is None else torch.maximum(best, v) if use_max else best + v
-        cells = best.reshape(nr, oh, mh, ow, mw, c)
-        exists = torch.from_numpy((ey[:, :, None] & ex[:, None, :]).reshape(
-            nr, oh, mh, ow, mw, 1)).to(dev)
-        if use_max:
-            pooled = cells.masked_fill(~exists, -torch.inf).amax(dim=(2, 4))
-        else:
-            count = torch.from_numpy(gh * gw).to(dev, cdt).reshape(nr, 1, 1, 1)
-            pooled = cells.masked_fill(~exists, 0).sum(dim=(2, 4)) / count
-        return pooled.permute(0, 3, 1, 2).to(x.dtype).contiguous()
+        return _roi_pool(x, bidx, _roi_axis(y1, bh, gh, oh, h, mh),
+                         _roi_axis(x1, bw, gw, ow, w, mw), gh * gw, (oh, ow, mh, mw), use_max)
 
     return run
+
+
+def _roi_pool(x: Tensor, bidx: Tensor, ty, tx, count: Tensor, dims, use_max: bool) -> Tensor:
+    """(R, C, oh, ow): the four corners' weighted samples summed (or max-ed), then averaged
+    (or max-ed) over each bin's existing samples."""
+    oh, ow, mh, mw = dims
+    n, c, h, w = x.shape
+    nr = bidx.shape[0]
+    cdt = compute_dtype(x.dtype)
+    ylo, yhi, wylo, wyhi, vy, ey = ty
+    xlo, xhi, wxlo, wxhi, vx, ex = tx
+    ok_b = (bidx >= 0) & (bidx < n)
+    valid = vy[:, :, None] & vx[:, None, :] & ok_b[:, None, None]
+    img = x.permute(0, 2, 3, 1).reshape(-1, c).to(cdt)  # (N*H*W, C) rows
+    base = (bidx.clamp(0, n - 1) * (h * w))[:, None, None]
+    best = None
+    for rows, wy in ((ylo, wylo), (yhi, wyhi)):
+        for cols, wx in ((xlo, wxlo), (xhi, wxhi)):
+            flat = base + rows[:, :, None] * w + cols[:, None, :]
+            wgt = torch.where(valid, wy[:, :, None] * wx[:, None, :], 0.0).to(cdt)
+            v = img[flat] * wgt[..., None]  # (R, oh*mh, ow*mw, C)
+            best = v if best is None else torch.maximum(best, v) if use_max else best + v
+    cells = best.reshape(nr, oh, mh, ow, mw, c)
+    exists = (ey[:, :, None] & ex[:, None, :]).reshape(nr, oh, mh, ow, mw, 1)
+    if use_max:
+        pooled = cells.masked_fill(~exists, -torch.inf).amax(dim=(2, 4))
+        pooled = pooled.masked_fill((count == 0).reshape(nr, 1, 1, 1), 0.0)
+    else:
+        div = count.clamp_min(1).to(cdt).reshape(nr, 1, 1, 1)
+        pooled = cells.masked_fill(~exists, 0).sum(dim=(2, 4)) / div
+    return pooled.permute(0, 3, 1, 2).to(x.dtype).contiguous()
