@@ -14,6 +14,7 @@ from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, axis_of, up
 from onnxkiln.providers.cuda.dtypes import FLOATS, INTS, NUMERIC, SERVED, needs
 from onnxkiln.providers.cuda.registry import kernel
+from onnxkiln.providers.cuda.unsigned import UNSIGNED, lift, uint64_decline
 
 Tensor = torch.Tensor
 _BOOL = frozenset({DataType.BOOL})
@@ -26,17 +27,29 @@ def _legacy_broadcast(info: NodeInfo) -> str | None:
     return None
 
 
+def _unsigned(op: str, allowed, extra=None):
+    """`supports` for an op that serves uint16/32/64 through unsigned.py (uint64 where exact)."""
+    def supports(info: NodeInfo) -> str | None:
+        if DataType.UINT64 in info.input_dtypes and uint64_decline(op):
+            return uint64_decline(op)
+        return needs(allowed | UNSIGNED, extra=extra)(info)
+    return supports
+
+
 def _register_binary(op: str, fn: Callable[[Tensor, Tensor], Tensor], since: int,
-                     allowed=NUMERIC, legacy: bool = True) -> None:
+                     allowed=NUMERIC, legacy: bool = True, unsigned: bool = True) -> None:
     doc = f"{op} with multidirectional broadcasting."
+    extra = _legacy_broadcast if legacy else None
+    supports = needs(allowed, extra=extra)
+    if unsigned:
+        fn, supports = lift(op, fn), _unsigned(op, allowed, extra)
 
     def run(a: Tensor, b: Tensor) -> Tensor:
         return fn(a, b)
 
     run.__doc__ = doc
     run.__name__ = run.__qualname__ = op.lower()
-    kernel(op, since=since, supports=needs(allowed, extra=_legacy_broadcast if legacy else None)
-           )(run)
+    kernel(op, since=since, supports=supports)(run)
 
 
 def _div(a: Tensor, b: Tensor) -> Tensor:
@@ -54,15 +67,24 @@ _register_binary("Greater", torch.gt, 1, SERVED)
 _register_binary("Less", torch.lt, 1, SERVED)
 _register_binary("GreaterOrEqual", torch.ge, 12, SERVED, legacy=False)
 _register_binary("LessOrEqual", torch.le, 12, SERVED, legacy=False)
-_register_binary("And", torch.logical_and, 1, _BOOL)
-_register_binary("Or", torch.logical_or, 1, _BOOL)
-_register_binary("Xor", torch.logical_xor, 1, _BOOL)
+_register_binary("And", torch.logical_and, 1, _BOOL, unsigned=False)
+_register_binary("Or", torch.logical_or, 1, _BOOL, unsigned=False)
+_register_binary("Xor", torch.logical_xor, 1, _BOOL, unsigned=False)
 _register_binary("BitwiseAnd", torch.bitwise_and, 18, INTS, legacy=False)
 _register_binary("BitwiseOr", torch.bitwise_or, 18, INTS, legacy=False)
 _register_binary("BitwiseXor", torch.bitwise_xor, 18, INTS, legacy=False)
 
 
-@kernel("Pow", since=1, supports=needs(NUMERIC, extra=_legacy_broadcast))
+def _pow_supports(info: NodeInfo) -> str | None:
+    why = needs(NUMERIC, skip_inputs=(1,), extra=_legacy_broadcast)(info)
+    exp = info.input_dtypes[1] if len(info.input_dtypes) > 1 else None
+    if why is None and exp in UNSIGNED and info.input_dtypes[0] not in FLOATS:
+        # a float base converts an unsigned exponent exactly enough (as the CPU does)
+        return f"Pow with a {exp} exponent needs a float base on the torch kernels"
+    return why or needs(NUMERIC | UNSIGNED, skip_inputs=(0,))(info)
+
+
+@kernel("Pow", since=1, supports=_pow_supports)
 def pow_(a: Tensor, b: Tensor) -> Tensor:
     """a ** b in a's type (the exponent may have another type)."""
     if a.dtype == b.dtype:
@@ -75,24 +97,33 @@ def pow_(a: Tensor, b: Tensor) -> Tensor:
     return torch.pow(a, b.to(a.dtype))
 
 
-@kernel("Mod", since=10, factory=True, supports=needs(NUMERIC))
+@kernel("Mod", since=10, factory=True, supports=_unsigned("Mod", NUMERIC))
 def mod(info: NodeInfo) -> Callable[..., Tensor]:
     """fmod=0: the divisor's sign (Python %); fmod=1: the dividend's (C fmod)."""
-    return torch.fmod if info.attrs.get("fmod") else torch.remainder
+    return lift("Mod", torch.fmod if info.attrs.get("fmod") else torch.remainder)
 
 
-@kernel("BitShift", since=11, factory=True, supports=needs(INTS))
+def _shift_supports(info: NodeInfo) -> str | None:
+    left = attr_str(info.attrs.get("direction")) == "LEFT"
+    return _unsigned("BitShiftLeft" if left else "BitShiftRight", INTS)(info)
+
+
+@kernel("BitShift", since=11, factory=True, supports=_shift_supports)
 def bit_shift(info: NodeInfo) -> Callable[..., Tensor]:
     """x << y or x >> y (direction attribute); shifts past the width give 0 (-1 for a
     negative x shifted right), as torch defines them."""
-    left = attr_str(info.attrs.get("direction")) == "LEFT"
-    return torch.bitwise_left_shift if left else torch.bitwise_right_shift
+    if attr_str(info.attrs.get("direction")) == "LEFT":
+        return lift("BitShiftLeft", torch.bitwise_left_shift)
+    return lift("BitShiftRight", torch.bitwise_right_shift)
 
 
-@kernel("BitwiseNot", since=18, supports=needs(INTS))
+@kernel("BitwiseNot", since=18, supports=_unsigned("BitwiseNot", INTS))
 def bitwise_not(x: Tensor) -> Tensor:
     """~x."""
-    return torch.bitwise_not(x)
+    return _not(x)
+
+
+_not = lift("BitwiseNot", torch.bitwise_not)
 
 
 @kernel("Not", since=1, supports=needs(_BOOL))
@@ -111,16 +142,19 @@ def sum_(*xs: Tensor) -> Tensor:
     return xs[0].clone() if len(xs) == 1 else _fold(torch.add, xs)
 
 
-@kernel("Max", since=1, supports=needs(NUMERIC))
+@kernel("Max", since=1, supports=_unsigned("Max", NUMERIC))
 def max_(*xs: Tensor) -> Tensor:
     """Elementwise max (NaN propagates)."""
-    return xs[0].clone() if len(xs) == 1 else _fold(torch.maximum, xs)
+    return xs[0].clone() if len(xs) == 1 else _fold(_maximum, xs)
 
 
-@kernel("Min", since=1, supports=needs(NUMERIC))
+@kernel("Min", since=1, supports=_unsigned("Min", NUMERIC))
 def min_(*xs: Tensor) -> Tensor:
     """Elementwise min (NaN propagates)."""
-    return xs[0].clone() if len(xs) == 1 else _fold(torch.minimum, xs)
+    return xs[0].clone() if len(xs) == 1 else _fold(_minimum, xs)
+
+
+_maximum, _minimum = lift("Max", torch.maximum), lift("Min", torch.minimum)
 
 
 @kernel("Mean", since=1, supports=needs(FLOATS))

@@ -20,6 +20,7 @@ from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, axis_of, ints, up
 from onnxkiln.providers.cuda.dtypes import FLOATS, NUMERIC, SERVED, needs
 from onnxkiln.providers.cuda.registry import kernel
+from onnxkiln.providers.cuda.unsigned import UNSIGNED, topk_values
 
 Tensor = torch.Tensor
 _IDX = frozenset({DataType.INT32, DataType.INT64})
@@ -228,11 +229,13 @@ def _topk(x: Tensor, k: int, axis: int, largest: bool) -> tuple[Tensor, Tensor]:
     if not 0 <= k <= x.shape[a]:
         raise ValueError(f"TopK: k={k} out of range for an axis of size {x.shape[a]}")
     # a stable sort keeps the lower index first among equal values, as ONNX asks
-    values, indices = torch.sort(x, dim=a, descending=largest, stable=True)
+    # (unsigned values sort through an order-preserving signed view)
+    values, indices = topk_values(x, lambda v: torch.sort(v, dim=a, descending=largest,
+                                                          stable=True))
     return values.narrow(a, 0, k).contiguous(), indices.narrow(a, 0, k).contiguous()
 
 
-_TOPK_TYPES = needs(NUMERIC, skip_inputs=(1,))
+_TOPK_TYPES = needs(NUMERIC | UNSIGNED, skip_inputs=(1,))
 
 
 @kernel("TopK", since=1, until=9, multi_output=True, supports=_TOPK_TYPES)
