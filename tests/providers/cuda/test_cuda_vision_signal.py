@@ -395,3 +395,13 @@ def test_max_pool_indices(shape, attrs, order):
     x = rand(shape)
     both("MaxPool", {"x": x}, opset=12, n_outputs=2, storage_order=order, **attrs,
          ort=not (order and len(shape) != 4))  # onnxruntime: storage_order only in 2-D
+
+
+def test_attention_nonpad_shape_error():
+    q = rand((2, 2, 3, 8))
+    feeds = {"q": q, "k": q, "v": q, "n": np.array([3], np.int64)}
+    names = ["q", "k", "v", "", "", "", "n"]
+    info, _, _ = node_info(node_model("Attention", feeds, opset=24, input_names=names))
+    run = CUDA.resolve("", "Attention", 24).build(info)
+    with pytest.raises(ValueError, match=r"nonpad_kv_seqlen must have shape \(2,\)"):
+        run(*(torch.from_numpy(feeds[k]) if k else None for k in names))

@@ -40,6 +40,12 @@ def _attention_supports(info: NodeInfo) -> str | None:
     return None
 
 
+def _check_nonpad(nonpad: Tensor | None, past_key: Tensor | None, b: int) -> None:
+    if nonpad is not None and (past_key is not None or tuple(nonpad.shape) != (b,)):
+        raise ValueError(f"Attention: nonpad_kv_seqlen must have shape ({b},) and comes "
+                         f"without past_key/past_value; got {tuple(nonpad.shape)}")
+
+
 def _heads(x: Tensor, heads, name: str) -> Tensor:
     if heads is None or int(heads) <= 0:
         raise ValueError(f"Attention: 3-D {name} needs its num_heads attribute")
@@ -114,9 +120,7 @@ def attention(info: NodeInfo) -> Callable[..., tuple]:
         if hkv == 0 or hq % hkv:
             raise ValueError(f"Attention: q heads {hq} must be a multiple of kv heads {hkv}")
         past = 0
-        if nonpad is not None and (past_key is not None or tuple(nonpad.shape) != (b,)):
-            raise ValueError(f"Attention: nonpad_kv_seqlen must have shape ({b},) and comes "
-                             f"without past_key/past_value; got {tuple(nonpad.shape)}")
+        _check_nonpad(nonpad, past_key, b)
         if past_key is not None:
             past = past_key.shape[2]
             if _into is not None:  # the presents are the bindings: write the new rows only
