@@ -342,10 +342,6 @@ def test_map_type_outside_the_schema_is_an_invalid_graph_as_onnxruntime():
 
 
 @pytest.mark.parametrize(("cls", "method", "args"), [
-    ("SparseTensor", "sparse_coo_from_numpy", ((2, 2), np.ones(1, np.float32), np.zeros(2),
-                                               None)),
-    ("SparseTensor", "sparse_csr_from_numpy", ((2, 2), np.ones(1, np.float32), np.zeros(1),
-                                               np.zeros(3), None)),
     ("AdapterFormat", "read_adapter", ("x.onnx_adapter",)),
 ])
 def test_class_constructors_of_refused_classes_refuse_by_name(cls, method, args):

@@ -69,6 +69,7 @@ from onnxkiln.compat._runtime import (
 )
 from onnxkiln.compat._runtime import set_seed as _set_seed
 from onnxkiln.compat._session import InferenceSession
+from onnxkiln.compat._sparse import OrtSparseFormat, SparseTensor
 from onnxkiln.compat._unsupported import (
     MODULE_CLASSES,
     MODULE_FUNCTIONS,
@@ -104,9 +105,11 @@ __all__ = [
     "OrtMemType",
     "OrtMemoryInfo",
     "OrtMemoryInfoDeviceType",
+    "OrtSparseFormat",
     "OrtValue",
     "RunOptions",
     "SessionOptions",
+    "SparseTensor",
     "__version__",
     "create_and_register_allocator",
     "create_and_register_allocator_v2",

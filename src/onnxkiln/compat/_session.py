@@ -31,6 +31,7 @@ from onnxkiln.compat._options import (
     effective_severity,
     log_threshold,
 )
+from onnxkiln.compat._sparse import refuse_sparse_feeds
 from onnxkiln.compat._values import ModelMetadata, NodeArg, OrtValue, check_map_feed
 from onnxkiln.errors import (
     InputNotFoundError,
@@ -424,6 +425,7 @@ class InferenceSession:
                 f"({list(input_feed)}).")
         feed = {k: _void_as_strings(v.value if isinstance(v, OrtValue) else v)
                 for k, v in input_feed.items()}
+        refuse_sparse_feeds(feed, [(a.name, a.type) for a in self._info.inputs])
         for arg in self._info.inputs:
             check_map_feed(arg.name, arg.type, feed.get(arg.name))
         return feed

@@ -21,7 +21,6 @@ __all__ = [
 
 _NO_EP_LIBS = ("onnxkiln has no plugin execution providers; pass providers=[...] to "
                "InferenceSession")
-_NO_SPARSE = "onnxkiln.compat values are dense (sparse initializers are made dense at load)"
 _NO_DEVICE = "onnxkiln.compat keeps values in host memory"
 
 # module-level functions: name -> why
@@ -35,12 +34,10 @@ MODULE_CLASSES = {
     "AdapterFormat": "onnxkiln does not read or write LoRA adapter files",
     "LoraAdapter": "onnxkiln does not load LoRA adapters",
     "ModelCompiler": "onnxkiln has no model compiler (see onnxkiln's EPContext export)",
-    "SparseTensor": _NO_SPARSE,
 }
 # refused class -> its class-level constructors, refused by name too
 CLASS_CONSTRUCTORS = {
     "AdapterFormat": ("read_adapter",),
-    "SparseTensor": ("sparse_coo_from_numpy", "sparse_csr_from_numpy"),
 }
 # class name -> {method: why}
 METHODS = {
@@ -60,7 +57,6 @@ METHODS = {
         "set_load_cancellation_flag": "a session build cannot be cancelled",
     },
     "RunOptions": {"add_active_adapter": "onnxkiln does not load LoRA adapters"},
-    "OrtValue": {"as_sparse_tensor": _NO_SPARSE, "ort_value_from_sparse_tensor": _NO_SPARSE},
 }
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from onnxkiln.compat._errors import ort_errors_class
+from onnxkiln.compat._sparse import SparseTensor
 from onnxkiln.dtypes import DataType, from_numpy, to_numpy
 from onnxkiln.errors import DeviceBindingError, InvalidInputError, SequenceOutputError
 
@@ -202,6 +203,21 @@ class OrtValue:
             data = _Capsule(data)
         return cls(np.from_dlpack(data))
 
+    @classmethod
+    def ort_value_from_sparse_tensor(cls, sparse_tensor: SparseTensor) -> OrtValue:
+        """Wrap a SparseTensor (no copy)."""
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise InvalidInputError("ort_value_from_sparse_tensor takes a SparseTensor, got "
+                                    f"{type(sparse_tensor).__name__}")
+        return cls(sparse_tensor)
+
+    def as_sparse_tensor(self) -> SparseTensor:
+        """The SparseTensor held; raises for any other value."""
+        if not isinstance(self._value, SparseTensor):
+            raise SequenceOutputError(
+                f"This OrtValue does not contain SparseTensor; it holds a {_kind(self._value)}")
+        return self._value
+
     # inspection --------------------------------------------------------------------
     def _tensor(self, what: str) -> np.ndarray:
         if not isinstance(self._value, np.ndarray):
@@ -233,7 +249,9 @@ class OrtValue:
         return self._tensor("__dlpack_device__").__dlpack_device__()
 
     def shape(self) -> list[int]:
-        """The tensor's dims."""
+        """The tensor's dims (a sparse tensor's dense dims)."""
+        if isinstance(self._value, SparseTensor):
+            return self._value.dense_shape()
         return list(self._tensor("shape").shape)
 
     def data_type(self) -> str:
@@ -242,6 +260,8 @@ class OrtValue:
 
     def element_type(self) -> int:
         """The tensor's ONNX element type (1 = FLOAT, 7 = INT64, ...)."""
+        if isinstance(self._value, SparseTensor):
+            return self._value.element_type()
         return int(from_numpy(self._tensor("element_type").dtype))
 
     def device_name(self) -> str:
@@ -261,8 +281,8 @@ class OrtValue:
         return isinstance(self._value, np.ndarray)
 
     def is_sparse_tensor(self) -> bool:
-        """Always False: onnxkiln has no sparse tensor values."""
-        return False
+        """True for a SparseTensor (see ort_value_from_sparse_tensor)."""
+        return isinstance(self._value, SparseTensor)
 
     def is_tensor_sequence(self) -> bool:
         """True for a sequence (a list of tensors)."""
@@ -396,6 +416,8 @@ def _value_type(value: Any) -> str:
         key = next(iter(value))
         key_name = "string" if isinstance(key, str) else "int64"
         return f"map({key_name},{_value_type(np.asarray(value[key]))})"
+    if isinstance(value, SparseTensor):
+        return value.data_type()
     return "optional(undefined)" if value is None else type(value).__name__
 
 
