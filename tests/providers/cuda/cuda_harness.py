@@ -83,6 +83,14 @@ def _assert_close(a: np.ndarray, b: np.ndarray, rtol, atol, what: str) -> None:
     np.testing.assert_allclose(a32, b32, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """float8 and int4/uint4/int2/uint2 tensors as their bytes (torch cannot copy or compare
+    the sub-byte shell dtypes, nor NaN-compare float8); others as they are."""
+    if t.dtype.itemsize == 1 and t.dtype not in (torch.int8, torch.uint8, torch.bool):
+        return t.view(torch.uint8)
+    return t
+
+
 def check(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], rtol: float | None = None,
           atol: float | None = None, outputs: tuple[int, ...] | None = None) -> list[Any]:
     """Run the node on both providers and assert equal results. Returns the torch outputs."""
@@ -110,11 +118,10 @@ def check(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], rtol: float |
         else:
             t = to_torch(v, DEVICE)
             args.append(t)
-            before.append((t, t.clone()))
+            before.append((t, _bytes(t).clone()))
     got = fn(*args)
     for t, copy in before:  # never written
-        if t.dtype.itemsize == 1 and t.dtype.is_floating_point:  # float8: compare the bits
-            t, copy = t.view(torch.uint8), copy.view(torch.uint8)
+        t = _bytes(t)
         assert torch.equal(t, copy) or (t.is_floating_point() and torch.equal(
             torch.nan_to_num(t), torch.nan_to_num(copy))), "kernel wrote into an input"
     if not cpu_spec.multi_output:

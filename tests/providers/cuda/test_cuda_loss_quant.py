@@ -167,12 +167,58 @@ def test_bitcast(pair):
     check_node("BitCast", {"x": x}, opset=26, to=to)
 
 
-def test_quant_declines_sub_byte():
+def test_quant_declines_float4():
     import ml_dtypes
 
-    model = node_model("DequantizeLinear", {"x": np.zeros(4, ml_dtypes.int4),
-                                            "s": np.float32(1.0)}, opset=21)
-    assert "torch has no int4 tensors" in reason(model)
+    model = node_model("DequantizeLinear", {"x": np.zeros(4, ml_dtypes.float4_e2m1fn),
+                                            "s": np.float32(1.0)}, opset=23)
+    assert "float4e2m1" in reason(model) and "CPU provider" in reason(model)
+
+
+_SUB = {22: "int4", 21: "uint4", 26: "int2", 25: "uint2"}
+
+
+def _sub(to):
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, _SUB[to]))
+
+
+@pytest.mark.parametrize("to", sorted(_SUB))
+@pytest.mark.parametrize("src", [np.float32, np.float16, np.int8, np.int32, np.int64])
+def test_cast_sub_byte(to, src):
+    x = np.array([0, 1, -1, 2.7, -2.7, 7, 8, -8, -9, 15, 16, 100, -100, 3.5], np.float64)
+    x = x.astype(src)
+    (y,) = check_node("Cast", {"x": x}, opset=25, to=to)  # wraps like a C cast
+    host = y.view(torch.int8 if "u" not in _SUB[to] else torch.uint8).numpy().astype(_sub(to))
+    for back in (1, 10, 3, 7):  # float32, float16, int8, int64
+        check_node("Cast", {"x": host}, opset=25, to=back)
+    check_node("CastLike", {"x": x, "like": np.zeros(1, _sub(to))}, opset=25)
+
+
+@pytest.mark.parametrize("to", sorted(_SUB))
+@pytest.mark.parametrize("layout", ["tensor", "axis", "block"])
+def test_quantize_dequantize_sub_byte(to, layout):
+    dt = _sub(to)
+    lo, hi = (-8, 7) if _SUB[to] == "int4" else (0, 15) if _SUB[to] == "uint4" else \
+        (-2, 1) if _SUB[to] == "int2" else (0, 3)
+    x = (rand((2, 6, 4)) * 6).astype(np.float32)
+    x.flat[:6] = [np.nan, np.inf, -np.inf, 0.5, 1.5, -2.5]
+    if layout == "tensor":
+        scale, zp, attrs = np.float32(0.5), np.array(hi // 2, np.int8).astype(dt), {}
+    elif layout == "axis":
+        scale = np.abs(rand((6,))) + 0.2
+        zp = R.integers(lo, hi + 1, size=6).astype(np.int8).astype(dt)
+        attrs = {"axis": 1}
+    else:
+        scale = np.abs(rand((2, 2, 4))) + 0.2
+        zp = R.integers(lo, hi + 1, size=(2, 2, 4)).astype(np.int8).astype(dt)
+        attrs = {"axis": 1, "block_size": 3}
+    (q,) = check_node("QuantizeLinear", {"x": x, "s": np.asarray(scale), "zp": zp},
+                      opset=25, **attrs)
+    host = q.view(torch.int8 if "u" not in _SUB[to] else torch.uint8).numpy().astype(dt)
+    check_node("DequantizeLinear", {"q": host, "s": np.asarray(scale), "zp": zp}, opset=25,
+               **attrs)
 
 
 # ------------------------------------------------------------------------- integer ops

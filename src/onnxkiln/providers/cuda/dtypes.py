@@ -15,6 +15,7 @@ __all__ = [
     "FLOATS",
     "INTS",
     "SERVED",
+    "SUB_BYTE",
     "from_torch",
     "needs",
     "to_torch",
@@ -42,7 +43,17 @@ _TORCH: dict[DataType, torch.dtype] = {
     DataType.UINT16: torch.uint16,
     DataType.UINT32: torch.uint32,
     DataType.UINT64: torch.uint64,
+    # torch's shell dtypes, one element per byte (the value as an int8/uint8 would hold it):
+    # no kernel computes on them; Cast, CastLike, Quantize/DequantizeLinear go through the
+    # byte-wide view (to_carrier / from_carrier)
+    DataType.INT4: torch.int4,
+    DataType.UINT4: torch.uint4,
+    DataType.INT2: torch.int2,
+    DataType.UINT2: torch.uint2,
 }
+# shell dtype -> (byte-wide carrier dtype, bits, signed)
+_SUB_BYTE = {torch.int4: (torch.int8, 4, True), torch.uint4: (torch.uint8, 4, False),
+             torch.int2: (torch.int8, 2, True), torch.uint2: (torch.uint8, 2, False)}
 _FROM_TORCH = {v: k for k, v in _TORCH.items()}
 
 FLOATS = frozenset({DataType.FLOAT, DataType.DOUBLE, DataType.FLOAT16, DataType.BFLOAT16})
@@ -50,6 +61,7 @@ INTS = frozenset({DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
                   DataType.UINT8})
 FLOAT8 = frozenset({DataType.FLOAT8E4M3FN, DataType.FLOAT8E4M3FNUZ, DataType.FLOAT8E5M2,
                     DataType.FLOAT8E5M2FNUZ})
+SUB_BYTE = frozenset({DataType.INT4, DataType.UINT4, DataType.INT2, DataType.UINT2})
 SERVED = FLOATS | INTS | {DataType.BOOL}
 NUMERIC = FLOATS | INTS
 
@@ -58,6 +70,9 @@ _WHY: dict[DataType, str] = {
     DataType.UINT32: "torch has no uint32 arithmetic on CUDA",
     DataType.UINT64: "torch has no uint64 arithmetic on CUDA",
     DataType.STRING: "torch has no string tensors",
+    DataType.FLOAT4E2M1: "torch has no one-per-byte float4e2m1 tensors (the CPU provider "
+                         "runs this node)",
+    DataType.FLOAT8E8M0: "torch has no float8e8m0 tensors (the CPU provider runs this node)",
     DataType.COMPLEX64: "complex64 is not supported by the torch kernels",
     DataType.COMPLEX128: "complex128 is not supported by the torch kernels",
 }
@@ -93,6 +108,10 @@ def to_torch(a: np.ndarray, device: torch.device | str) -> torch.Tensor:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     elif dt in FLOAT8:
         t = torch.from_numpy(a.view(np.uint8)).view(_TORCH[dt])
+    elif dt in SUB_BYTE:  # shell dtypes cannot be copied: move the carrier, then view
+        carrier = _SUB_BYTE[_TORCH[dt]][0]
+        wide = a.astype(np.int8 if carrier == torch.int8 else np.uint8)
+        return torch.from_numpy(wide).to(device=device).view(_TORCH[dt])
     else:
         t = torch.from_numpy(a)
     return t.to(device=device, dtype=_TORCH[dt])
@@ -105,9 +124,37 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         import ml_dtypes
 
         return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in _SUB_BYTE:
+        from onnxkiln.dtypes import to_numpy as onnx_to_numpy
+
+        wide = to_carrier(t).cpu().numpy()
+        return wide.astype(onnx_to_numpy(from_torch(t.dtype)))
     if t.dtype in _F8_NUMPY:
         return t.contiguous().view(torch.uint8).numpy().view(_F8_NUMPY[t.dtype])
     return t.numpy()
+
+
+def is_sub_byte(dt: torch.dtype) -> bool:
+    return dt in _SUB_BYTE
+
+
+def to_carrier(t: torch.Tensor) -> torch.Tensor:
+    """A sub-byte (shell dtype) tensor as its int8/uint8 view; other tensors as they are."""
+    info = _SUB_BYTE.get(t.dtype)
+    return t if info is None else t.view(info[0])
+
+
+def from_carrier(v: torch.Tensor, dst: torch.dtype) -> torch.Tensor:
+    """Integer values wrapped into the sub-byte type `dst` (two's complement, as a cast to
+    int4/uint4/int2/uint2 does) and viewed as it."""
+    carrier, bits, signed = _SUB_BYTE[dst]
+    v = v.to(torch.int32)
+    if signed:
+        half = 1 << (bits - 1)
+        v = torch.bitwise_and(v + half, (1 << bits) - 1) - half
+    else:
+        v = torch.bitwise_and(v, (1 << bits) - 1)
+    return v.to(carrier).view(dst)
 
 
 def _f8_numpy() -> dict[torch.dtype, np.dtype]:

@@ -4,9 +4,9 @@ Semantics follow the CPU provider (providers/cpu/quant.py): the quotient x / sca
 computed in float32 (float64 for a float64 `precision` or scale; a float16/bfloat16 one
 rounds the quotient to that type first), rounded half to even, offset by the zero point
 and clamped (NaN clamps to the minimum); float8 outputs saturate to +-max unless
-saturate=0. Scales and zero points may be per tensor, per axis or blocked. Sub-byte
-(int4/uint4/int2/uint2, float4e2m1) and float8e8m0 operands are declined: torch has
-no tensors of those types to hand back. No host syncs.
+saturate=0. Scales and zero points may be per tensor, per axis or blocked. int4/uint4/
+int2/uint2 go through their byte-wide carriers (dtypes.to_carrier); float4e2m1 and
+float8e8m0 operands are declined (torch has no one-per-byte tensors of them). No host syncs.
 """
 
 from __future__ import annotations
@@ -18,14 +18,25 @@ import torch
 from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cuda._util import axis_of
-from onnxkiln.providers.cuda.dtypes import FLOAT8, FLOATS, SERVED, to_torch_dtype
+from onnxkiln.providers.cuda.dtypes import (
+    FLOAT8,
+    FLOATS,
+    SERVED,
+    SUB_BYTE,
+    from_carrier,
+    is_sub_byte,
+    to_carrier,
+    to_torch_dtype,
+)
 from onnxkiln.providers.cuda.registry import kernel
 from onnxkiln.providers.cuda.tensor import float8_overflowing
 
 Tensor = torch.Tensor
 _INT_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767),
-              torch.uint16: (0, 65535)}
-_QUANT = frozenset({DataType.UINT8, DataType.INT8, DataType.INT16, DataType.UINT16}) | FLOAT8
+              torch.uint16: (0, 65535), torch.int4: (-8, 7), torch.uint4: (0, 15),
+              torch.int2: (-2, 1), torch.uint2: (0, 3)}
+_QUANT = frozenset({DataType.UINT8, DataType.INT8, DataType.INT16, DataType.UINT16}) | FLOAT8 \
+    | SUB_BYTE
 _SCALES = frozenset({DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16})
 _F8 = frozenset(to_torch_dtype(d) for d in FLOAT8)
 _LOW = (torch.float16, torch.bfloat16)
@@ -108,7 +119,7 @@ def quantize_to(q: Tensor, zp: Tensor | None, out: torch.dtype, saturate: bool) 
         if zp is not None:
             q = q + zp.to(q.dtype)
         q = torch.nan_to_num(q, nan=rng[0]).clamp(rng[0], rng[1])
-        return q.to(out)
+        return from_carrier(q.to(torch.int64), out) if is_sub_byte(out) else q.to(out)
     if zp is not None:
         q = q + zp.to(torch.float32).to(q.dtype)
     q = q.to(torch.float32)
@@ -145,8 +156,8 @@ def quantize_linear(info: NodeInfo) -> Callable[..., Tensor]:
             q = (x.to(p).to(div) / s.to(p).to(div)).to(p).to(div)
         else:
             q = x.to(div) / s.to(div)
-        zp = None if y_zero_point is None else _layout(y_zero_point, shape, axis, block, op,
-                                                       "zero point")
+        zp = None if y_zero_point is None else _layout(to_carrier(y_zero_point), shape, axis,
+                                                       block, op, "zero point")
         return quantize_to(q, zp, out, saturate)
 
     return run
@@ -167,10 +178,10 @@ def dequantize_linear(info: NodeInfo) -> Callable[..., Tensor]:
                              f"x's {x.dtype}")
         shape = tuple(x.shape)
         s = _layout(x_scale, shape, axis, block, op, "x_scale").to(torch.float32)
-        y = x.to(torch.float32)
+        y = to_carrier(x).to(torch.float32)
         if x_zero_point is not None:
-            y = y - _layout(x_zero_point, shape, axis, block, op, "zero point").to(
-                torch.float32)
+            y = y - _layout(to_carrier(x_zero_point), shape, axis, block, op,
+                            "zero point").to(torch.float32)
         y = y * s
         return y.to(out_attr or x_scale.dtype)
 

@@ -17,7 +17,17 @@ from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, axes_of, axis_of, ints
 from onnxkiln.providers.cuda.device import current_device
-from onnxkiln.providers.cuda.dtypes import FLOAT8, SERVED, needs, to_torch, to_torch_dtype
+from onnxkiln.providers.cuda.dtypes import (
+    FLOAT8,
+    SERVED,
+    SUB_BYTE,
+    from_carrier,
+    is_sub_byte,
+    needs,
+    to_carrier,
+    to_torch,
+    to_torch_dtype,
+)
 from onnxkiln.providers.cuda.registry import kernel
 
 Tensor = torch.Tensor
@@ -45,29 +55,45 @@ def _target(to) -> DataType:
     return DataType(int(to))
 
 
+_CASTABLE = SERVED | FLOAT8 | SUB_BYTE
+
+
 def _cast_supports(info: NodeInfo) -> str | None:
     try:
         dst = _target(info.attrs["to"])
     except (KeyError, ValueError):
         return "Cast: unknown target type"
-    if dst not in SERVED | FLOAT8:
-        return f"Cast to {dst} is not supported by the torch kernels"
-    return needs(SERVED | FLOAT8)(info)
+    if dst not in _CASTABLE:
+        return f"Cast to {dst} is not supported by the torch kernels (the CPU provider runs it)"
+    return needs(_CASTABLE)(info)
+
+
+def convert(x: Tensor, dst: torch.dtype, saturate: bool) -> Tensor:
+    """x as `dst` with the CPU provider's Cast semantics: floats to ints truncate toward
+    zero; int4/uint4/int2/uint2 wrap (two's complement) from the truncated value; float8 goes
+    through float32 and, with `saturate`, clips to +-max (infinities included), else
+    overflows to inf/NaN as onnx specifies."""
+    if x.dtype == dst:
+        return x
+    x = to_carrier(x)
+    if is_sub_byte(dst):
+        v = x.to(torch.float32).trunc() if x.dtype.is_floating_point else x
+        return from_carrier(v.to(torch.int64), dst)
+    if dst in _F8:
+        f = x.to(torch.float32)
+        if not saturate:
+            return float8_overflowing(f, dst)
+        top = torch.finfo(dst).max
+        return f.clamp(-top, top).to(dst)
+    return x.to(torch.float32).to(dst) if x.dtype in _F8 else x.to(dst)
 
 
 @kernel("Cast", since=1, factory=True, view=True, supports=_cast_supports)
 def cast(info: NodeInfo) -> Callable[[Tensor], Tensor]:
-    """Convert to the `to` type (floats to ints truncate toward zero); the input if same.
-
-    float8 goes through float32; with `saturate` (default 1) values beyond the float8
-    range, infinities included, become +-max, as in the CPU provider."""
+    """Convert to the `to` type (see `convert`); the input itself if it has that type."""
     dst = to_torch_dtype(_target(info.attrs["to"]))
-    if dst not in _F8:
-        return lambda x: x.to(torch.float32).to(dst) if x.dtype in _F8 else x.to(dst)
-    if int(info.attrs.get("saturate", 1)):
-        top = torch.finfo(dst).max
-        return lambda x: x if x.dtype == dst else x.to(torch.float32).clamp(-top, top).to(dst)
-    return lambda x: x if x.dtype == dst else float8_overflowing(x.to(torch.float32), dst)
+    saturate = bool(int(info.attrs.get("saturate", 1)))
+    return lambda x: convert(x, dst, saturate)
 
 
 # |x| past which a float32 rounds out of each float8 range, and whether the tie at that
@@ -91,24 +117,11 @@ def float8_overflowing(f: Tensor, dst: torch.dtype) -> Tensor:
     return torch.where(over, big, y)
 
 
-@kernel("CastLike", since=15, factory=True, view=True, supports=needs(SERVED | FLOAT8))
+@kernel("CastLike", since=15, factory=True, view=True, supports=needs(_CASTABLE))
 def cast_like(info: NodeInfo) -> Callable[[Tensor, Tensor], Tensor]:
-    """Convert x to the element type of the second input (float8 as Cast does)."""
-    saturate = int(info.attrs.get("saturate", 1))
-
-    def run(x: Tensor, like: Tensor) -> Tensor:
-        dst = like.dtype
-        if x.dtype == dst:
-            return x
-        if dst in _F8:
-            f = x.to(torch.float32)
-            if not saturate:
-                return float8_overflowing(f, dst)
-            top = torch.finfo(dst).max
-            return f.clamp(-top, top).to(dst)
-        return x.to(torch.float32).to(dst) if x.dtype in _F8 else x.to(dst)
-
-    return run
+    """Convert x to the element type of the second input (as Cast does)."""
+    saturate = bool(int(info.attrs.get("saturate", 1)))
+    return lambda x, like: convert(x, like.dtype, saturate)
 
 
 # ---------------------------------------------------------------------------------------
