@@ -168,7 +168,7 @@ def run_graph(ir_model, feeds: Mapping[str, np.ndarray], device: bool) -> list[n
     values moved between host and device where host_inputs/host_outputs ask."""
     graph = ir_model.graph
     imports = dict(ir_model.opset_imports)
-    values: dict[str, Any] = {k: np.asarray(v) for k, v in feeds.items()}
+    values: dict[str, Any] = {k: _host(v) for k, v in feeds.items()}
     for name, v in graph.initializers.items():
         values[name] = v.const_value.numpy()
     registry = CUDA if device else CPU
@@ -194,6 +194,8 @@ def run_graph(ir_model, feeds: Mapping[str, np.ndarray], device: bool) -> list[n
             if device and a is not None:
                 if i in spec.host_inputs:
                     a = to_numpy(a) if isinstance(a, torch.Tensor) else a
+                elif isinstance(a, list):  # a sequence (inside an optional or not)
+                    a = [e if isinstance(e, torch.Tensor) else to_torch(e, DEVICE) for e in a]
                 elif not isinstance(a, torch.Tensor):
                     a = to_torch(a, DEVICE)
             args.append(a)
@@ -202,8 +204,22 @@ def run_graph(ir_model, feeds: Mapping[str, np.ndarray], device: bool) -> list[n
         for v, o in zip(node.outputs, outs):
             if v is not None and v.name:
                 values[v.name] = o
-    result = []
-    for v in graph.outputs:
-        o = values[v.name]
-        result.append(to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o))
-    return result
+    return [_to_host(values[v.name]) for v in graph.outputs]
+
+
+def _host(v: Any) -> Any:
+    """A feed as the kernels take it: None (an empty optional), a list (a sequence) of
+    arrays, or an array."""
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return [np.asarray(e) for e in v]
+    return np.asarray(v)
+
+
+def _to_host(o: Any) -> Any:
+    if o is None:
+        return None
+    if isinstance(o, list):
+        return [_to_host(e) for e in o]
+    return to_numpy(o) if isinstance(o, torch.Tensor) else np.asarray(o)

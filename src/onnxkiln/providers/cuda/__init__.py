@@ -17,8 +17,10 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     index,
     loss,
     misc,
+    ml_ops,
     nn,
     nn_extra,
+    optional_ops,
     qlinear,
     quant,
     reduce,
@@ -28,6 +30,7 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     seq_ops,
     signal,
     tensor,
+    training,
     vision,
 )
 from onnxkiln.providers.cuda.registry import REGISTRY
