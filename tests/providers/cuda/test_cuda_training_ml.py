@@ -99,3 +99,17 @@ def test_optional_has_and_get_element(present):
     else:
         with pytest.raises(ValueError, match="empty"):
             run_graph(_optional_model("OptionalGetElement", False), {"x": x}, True)
+
+
+@pytest.mark.parametrize("opset,n_out,attrs", [
+    (15, 3, {"training_mode": 1, "momentum": 0.8}),
+    (9, 5, {"momentum": 0.7}),
+    (15, 1, {}),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_normalization_training(opset, n_out, attrs, dtype):
+    x = rand((4, 3, 2, 5), dtype) * 3 + 1
+    params = {"s": rand((3,), dtype), "b": rand((3,), dtype), "m": rand((3,), dtype),
+              "v": np.abs(rand((3,), dtype)) + 0.5}
+    check_node("BatchNormalization", {"x": x} | params, n_outputs=n_out, opset=opset,
+               epsilon=1e-4, **attrs)

@@ -287,28 +287,54 @@ def _bn_supports(info: NodeInfo) -> str | None:
     why = needs(FLOATS)(info)
     if why:
         return why
-    extra = any(wants(info, i) for i in range(1, info.n_outputs))
-    if info.opset >= 14 and info.attrs.get("training_mode"):
-        return "BatchNormalization in training mode is left to the CPU"
-    if info.opset < 14 and extra and not info.attrs.get("is_test", 0):
-        return "BatchNormalization in training mode is left to the CPU"
     if not info.attrs.get("spatial", 1):
         return "BatchNormalization with spatial=0 is left to the CPU"
     return None
 
 
+def _bn_training(x, scale, b, mean, var, eps: float, momentum: float, ct) -> tuple:
+    """Normalize with the batch's statistics (population variance); Y, the running mean and
+    var updated with `momentum`, the batch mean and 1/sqrt(var + eps) (as the CPU does)."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    axes = (0, *range(2, x.ndim))
+    xc = x.to(ct)
+    cur_mean = xc.mean(dim=axes)
+    cur_var = ((xc - cur_mean.reshape(shape)) ** 2).mean(dim=axes)
+    inv = 1.0 / torch.sqrt(cur_var + eps)
+    y = (xc - cur_mean.reshape(shape)) * (scale.to(ct) * inv).reshape(shape) \
+        + b.to(ct).reshape(shape)
+    run_mean = mean.to(ct) * momentum + cur_mean * (1 - momentum)
+    run_var = var.to(ct) * momentum + cur_var * (1 - momentum)
+    return (y.to(x.dtype), run_mean.to(mean.dtype), run_var.to(var.dtype),
+            cur_mean.to(mean.dtype), inv.to(var.dtype))
+
+
 @kernel("BatchNormalization", since=1, factory=True, multi_output=True, supports=_bn_supports)
 def batch_normalization(info: NodeInfo) -> Callable[..., tuple]:
-    """Inference: (X - mean) / sqrt(var + eps) * scale + B per channel, in float32 for halves."""
+    """Inference: (X - mean) / sqrt(var + eps) * scale + B per channel, in float32 for halves.
+    Training (training_mode=1 from opset 14; earlier, when the node asks for the running
+    statistics without is_test) uses the batch's statistics and updates the running ones."""
     eps = float(info.attrs["epsilon"])
+    momentum = float(info.attrs.get("momentum", 0.9))
+    extra = any(wants(info, i) for i in range(1, info.n_outputs))
+    if info.opset >= 14:
+        training = bool(info.attrs.get("training_mode", 0))
+    else:
+        training = extra and not info.attrs.get("is_test", 0)
 
     def run(x, scale, b, mean, var) -> tuple:
         shape = (1, -1) + (1,) * (x.ndim - 2)
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if training:
+            outs = _bn_training(x, scale, b, mean, var, eps, momentum, ct)
+            return outs[:3] if info.opset >= 14 else outs
         s = scale.to(ct) / torch.sqrt(var.to(ct) + eps)
         shift = b.to(ct) - mean.to(ct) * s
         y = x.to(ct) * s.reshape(shape) + shift.reshape(shape)
-        return (y.to(x.dtype),)
+        if not extra:
+            return (y.to(x.dtype),)
+        # inference asked for statistics anyway: the running ones pass through unchanged
+        return (y.to(x.dtype), mean.clone(), var.clone(), mean.clone(), var.clone())
 
     return run
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 import torch
 
 from onnxkiln.providers.cuda.device import current_device
+from onnxkiln.providers.cuda.dtypes import FLOAT8, SERVED, SUB_BYTE, needs
 from onnxkiln.providers.cuda.registry import kernel
+from onnxkiln.providers.cuda.unsigned import UNSIGNED
+
+# any element type the torch kernels can hold (the value is only passed along)
+_HELD = needs(SERVED | FLOAT8 | SUB_BYTE | UNSIGNED)
 
 
-@kernel("Optional", since=15, view=True)
+@kernel("Optional", since=15, view=True, supports=_HELD)
 def optional(input=None, *, type=None):
     """An optional holding `input`, or an empty optional (None) when it is absent."""
     return input
 
 
-@kernel("OptionalHasElement", since=15)
+@kernel("OptionalHasElement", since=15, supports=_HELD)
 def optional_has_element(input=None) -> torch.Tensor:
     """True when the input is present and not an empty optional (a 0-d bool tensor)."""
     device = input.device if isinstance(input, torch.Tensor) else (
@@ -26,7 +31,7 @@ def optional_has_element(input=None) -> torch.Tensor:
     return torch.tensor(input is not None, device=device)
 
 
-@kernel("OptionalGetElement", since=15, view=True)
+@kernel("OptionalGetElement", since=15, view=True, supports=_HELD)
 def optional_get_element(input=None):
     """The value inside an optional (a plain tensor or sequence is returned as it is)."""
     if input is None:
