@@ -536,10 +536,8 @@ def test_onnxkiln_backend_prepare_path_and_bytes(relu_path):
     lambda: rt.get_ep_devices(),
     lambda: rt.register_execution_provider_library("ep", "libep.so"),
     lambda: rt.copy_tensors([], [], None),
-    lambda: rt.LoraAdapter(),
     lambda: rt.SessionOptions().add_provider("X", {}),
     lambda: rt.SessionOptions().set_load_cancellation_flag(True),
-    lambda: rt.RunOptions().add_active_adapter(None),
 ])
 def test_what_onnxkiln_cannot_honour_is_one_clear_error(call):
     with pytest.raises(_errors.NotImplemented, match="not supported by onnxkiln; "):

@@ -295,12 +295,6 @@ def test_optimized_model_of_a_model_with_external_data_saved_elsewhere(tmp_path)
         (out / "o.onnx").unlink()
 
 
-def test_adapter_format_refused_by_name():
-    assert hasattr(ort, "AdapterFormat")
-    with pytest.raises(_errors.NotImplemented, match="AdapterFormat.*LoRA"):
-        rt.AdapterFormat()
-
-
 def test_dict_feeds_only_maps_of_floats_as_onnxruntime():
     """onnxruntime turns every dict value into a float: a map of int64 values cannot be fed."""
     graph = helper.make_graph(
@@ -339,12 +333,3 @@ def test_map_type_outside_the_schema_is_an_invalid_graph_as_onnxruntime():
             "Type Error: Type 'map(string, bool)' of input parameter (x) of operator "
             "(DictVectorizer)")):
         rt.InferenceSession(model)
-
-
-@pytest.mark.parametrize(("cls", "method", "args"), [
-    ("AdapterFormat", "read_adapter", ("x.onnx_adapter",)),
-])
-def test_class_constructors_of_refused_classes_refuse_by_name(cls, method, args):
-    assert callable(getattr(getattr(ort, cls), method))
-    with pytest.raises(_errors.NotImplemented, match=f"{cls}.{method}: not supported"):
-        getattr(getattr(rt, cls), method)(*args)

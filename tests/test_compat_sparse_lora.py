@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxkiln.compat as rt
 from onnxkiln.compat import _errors
@@ -173,3 +173,186 @@ def test_cuda_copies_and_device_buffers_are_refused():
             ort.SparseTensor.sparse_coo_from_numpy(
                 [3, 3], np.float32([1]), np.int64([0]),
                 ort.OrtDevice.make("cpu", 0)).to_cuda(ort.OrtDevice.make("cuda", 0))
+
+
+# --- LoRA adapters ---------------------------------------------------------------------
+
+PARAMS = {  # one of each kind of element the format carries: raw bytes of numeric types
+    "f32": np.arange(10, dtype=np.float32).reshape(5, 2),
+    "i64": np.arange(10, dtype=np.int64).reshape(2, 5) - 4,
+    "f16": np.linspace(-1, 1, 6).astype(np.float16).reshape(1, 2, 3),
+    "u8": np.array([0, 7, 255], np.uint8),
+    "i8": np.array([-128, 127], np.int8),
+    "u64": np.array([2**64 - 1], np.uint64),
+    "f64": np.array([2.5]),
+    "empty": np.zeros((0, 3), np.float32),
+}
+
+
+def _export(runtime, path, params, adapter_version=3, model_version=5):
+    fmt = runtime.AdapterFormat()
+    fmt.set_adapter_version(adapter_version)
+    fmt.set_model_version(model_version)
+    fmt.set_parameters({k: runtime.OrtValue.ortvalue_from_numpy(v) for k, v in params.items()})
+    fmt.export_adapter(str(path))
+
+
+def _check_read(runtime, path, params, adapter_version=3, model_version=5):
+    read = runtime.AdapterFormat.read_adapter(str(path))
+    assert read.get_adapter_version() == adapter_version
+    assert read.get_model_version() == model_version
+    assert read.get_format_version() == 1
+    got = read.get_parameters()
+    assert sorted(got) == sorted(params)
+    for name, want in params.items():
+        value = got[name]
+        assert value.is_tensor() and value.shape() == list(want.shape), name
+        assert value.element_type() == int(helper.np_dtype_to_tensor_dtype(want.dtype)), name
+        np.testing.assert_array_equal(value.numpy(), want)
+
+
+@pytest.mark.parametrize(("writer", "reader"), [(rt, ort), (ort, rt), (rt, rt)],
+                         ids=["onnxkiln->onnxruntime", "onnxruntime->onnxkiln", "onnxkiln"])
+def test_adapter_files_cross_between_runtimes(tmp_path, writer, reader):
+    path = tmp_path / "p.onnx_adapter"
+    _export(writer, path, PARAMS, adapter_version=-2, model_version=2**31 - 1)
+    _check_read(reader, path, PARAMS, adapter_version=-2, model_version=2**31 - 1)
+
+
+def test_an_empty_adapter_crosses_between_runtimes(tmp_path):
+    for writer, reader in ((rt, ort), (ort, rt)):
+        path = tmp_path / f"{writer.__name__}.onnx_adapter"
+        writer.AdapterFormat().export_adapter(str(path))
+        _check_read(reader, path, {}, 0, 0)
+    fresh = rt.AdapterFormat()
+    assert (fresh.get_adapter_version(), fresh.get_model_version(), fresh.get_parameters()) == \
+        (0, 0, {})
+
+
+def _lora_model():
+    """output = x @ W + (x @ A) @ B, where A and B are initializers a run may override."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input_x", "W"], ["base"]),
+         helper.make_node("MatMul", ["input_x", "lora_param_a"], ["xa"]),
+         helper.make_node("MatMul", ["xa", "lora_param_b"], ["xab"]),
+         helper.make_node("Add", ["base", "xab"], ["output"])], "g",
+        [helper.make_tensor_value_info("input_x", TensorProto.FLOAT, [4, 4]),
+         helper.make_tensor_value_info("lora_param_a", TensorProto.FLOAT, [4, 2]),
+         helper.make_tensor_value_info("lora_param_b", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [4, 4])],
+        [numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4), "W"),
+         numpy_helper.from_array(np.zeros((4, 2), np.float32), "lora_param_a"),
+         numpy_helper.from_array(np.zeros((2, 4), np.float32), "lora_param_b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+LORA = {"lora_param_a": np.arange(8, dtype=np.float32).reshape(4, 2) / 4,
+        "lora_param_b": np.arange(8, dtype=np.float32).reshape(2, 4) - 3}
+X = np.arange(16, dtype=np.float32).reshape(4, 4) / 8
+
+
+def _run(runtime, feeds, *adapter_paths, ort_values=False):
+    options = runtime.RunOptions()
+    for path in adapter_paths:
+        adapter = runtime.LoraAdapter()
+        adapter.Load(str(path))
+        options.add_active_adapter(adapter)
+    session = runtime.InferenceSession(_lora_model(), providers=["CPUExecutionProvider"])
+    if ort_values:
+        feeds = {k: runtime.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
+        return session.run_with_ort_values(None, feeds, options)[0].numpy()
+    return session.run(None, feeds, options)[0]
+
+
+@pytest.mark.parametrize("writer", [rt, ort], ids=["onnxkiln-file", "onnxruntime-file"])
+@pytest.mark.parametrize("ort_values", [False, True], ids=["run", "run_with_ort_values"])
+def test_run_with_adapter_as_onnxruntime(tmp_path, writer, ort_values):
+    path = tmp_path / "lora.onnx_adapter"
+    _export(writer, path, LORA)
+    expected = _run(ort, {"input_x": X}, path)
+    np.testing.assert_allclose(expected, X @ np.arange(16).reshape(4, 4) + X @ LORA[
+        "lora_param_a"] @ LORA["lora_param_b"], rtol=1e-6)
+    np.testing.assert_allclose(_run(rt, {"input_x": X}, path, ort_values=ort_values), expected,
+                               rtol=1e-6)
+
+
+def test_adapter_values_win_over_feeds_and_later_adapters_over_earlier(tmp_path):
+    first, second = tmp_path / "a.onnx_adapter", tmp_path / "b.onnx_adapter"
+    _export(rt, first, LORA)
+    _export(rt, second, {"lora_param_b": LORA["lora_param_b"] * 2})
+    feeds = {"input_x": X, "lora_param_a": np.ones((4, 2), np.float32)}
+    np.testing.assert_allclose(_run(rt, feeds, first), _run(ort, feeds, first), rtol=1e-6)
+    # onnxruntime 1.32 crashes (SIGSEGV) on two adapters sharing a name: numpy is the oracle
+    expected = X @ np.arange(16).reshape(4, 4) + X @ LORA["lora_param_a"] @ (
+        LORA["lora_param_b"] * 2)
+    np.testing.assert_allclose(_run(rt, feeds, first, second), expected, rtol=1e-6)
+    np.testing.assert_allclose(_run(rt, {"input_x": X}), _run(ort, {"input_x": X}), rtol=1e-6)
+
+
+def test_adapter_parameters_the_model_cannot_take_are_refused_as_onnxruntime(tmp_path):
+    unknown, wrong_shape = tmp_path / "u.onnx_adapter", tmp_path / "w.onnx_adapter"
+    _export(ort, unknown, {"other": np.ones(3, np.float32)})
+    _export(ort, wrong_shape, {"lora_param_a": np.ones((4, 3), np.float32)})
+    invalid = ort.capi.onnxruntime_pybind11_state.InvalidArgument
+    for path, match in ((unknown, "other"), (wrong_shape, "lora_param_a")):
+        with pytest.raises(invalid, match=match):
+            _run(ort, {"input_x": X}, path)
+        with pytest.raises(_errors.InvalidArgument, match=match):
+            _run(rt, {"input_x": X}, path)
+
+
+def test_damaged_or_missing_adapter_files_are_refused(tmp_path):
+    good = tmp_path / "g.onnx_adapter"
+    _export(rt, good, LORA)
+    data = good.read_bytes()
+    cases = {"junk": b"junkjunkjunk", "truncated": data[:len(data) // 2],
+             "no_identifier": data[:4] + b"XXXX" + data[8:]}
+    for name, content in cases.items():
+        path = tmp_path / f"{name}.onnx_adapter"
+        path.write_bytes(content)
+        for load in (lambda p: rt.LoraAdapter().Load(str(p)),
+                     lambda p: rt.AdapterFormat.read_adapter(str(p))):
+            with pytest.raises(RuntimeError, match="not a valid onnxruntime adapter file"):
+                load(path)
+        with pytest.raises(RuntimeError):
+            ort.AdapterFormat.read_adapter(str(path))
+    with pytest.raises(RuntimeError, match="cannot read"):
+        rt.LoraAdapter().Load(str(tmp_path / "missing.onnx_adapter"))
+
+
+def test_adapter_refusals_name_the_call(tmp_path):
+    for bad in (np.array(["a"], object), np.array([True])):  # onnxruntime reads neither
+        with pytest.raises(_errors.InvalidArgument, match="LoRA parameters are numeric"):
+            rt.AdapterFormat().set_parameters({"s": rt.OrtValue.ortvalue_from_numpy(bad)})
+    path = tmp_path / "bool.onnx_adapter"
+    _export(ort, path, {"flag": np.array([True])})
+    with pytest.raises(RuntimeError, match="not a supported LoRA parameter type"):
+        ort.AdapterFormat.read_adapter(str(path))
+    with pytest.raises(RuntimeError, match="data_type 9, not one of the LoRA parameter"):
+        rt.AdapterFormat.read_adapter(str(path))
+    with pytest.raises(_errors.InvalidArgument, match="no 0-d"):
+        rt.AdapterFormat().set_parameters({"s": np.array(1.0, np.float32)})
+    with pytest.raises(_errors.InvalidArgument, match="int32"):
+        rt.AdapterFormat().set_adapter_version(2**31)
+    with pytest.raises(_errors.InvalidArgument, match="LoraAdapter"):
+        rt.RunOptions().add_active_adapter(None)
+
+
+def test_io_binding_runs_ignore_active_adapters_as_onnxruntime(tmp_path):
+    """onnxruntime 1.32 feeds adapters in run() and run_with_ort_values() only."""
+    path = tmp_path / "lora.onnx_adapter"
+    _export(rt, path, LORA)
+    results = []
+    for runtime in (ort, rt):
+        adapter = runtime.LoraAdapter()
+        adapter.Load(str(path))
+        options = runtime.RunOptions()
+        options.add_active_adapter(adapter)
+        session = runtime.InferenceSession(_lora_model(), providers=["CPUExecutionProvider"])
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_x", X)
+        binding.bind_output("output")
+        session.run_with_iobinding(binding, options)
+        results.append(binding.copy_outputs_to_cpu()[0])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+    np.testing.assert_allclose(results[0], _run(ort, {"input_x": X}), rtol=1e-6)

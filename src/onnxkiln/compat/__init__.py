@@ -44,6 +44,7 @@ from onnxkiln.compat._devices import (
 from onnxkiln.compat._errors import ort_errors
 from onnxkiln.compat._install import InstallError, install, installed, uninstall
 from onnxkiln.compat._iobinding import IOBinding
+from onnxkiln.compat._lora import AdapterFormat, LoraAdapter
 from onnxkiln.compat._options import (
     ExecutionMode,
     ExecutionOrder,
@@ -89,12 +90,14 @@ globals().update({n: refusal(n, why) for n, why in MODULE_FUNCTIONS.items()})
 globals().update({n: refused_class(n, why) for n, why in MODULE_CLASSES.items()})
 
 __all__ = [
+    "AdapterFormat",
     "ExecutionMode",
     "ExecutionOrder",
     "GraphOptimizationLevel",
     "IOBinding",
     "InferenceSession",
     "InstallError",
+    "LoraAdapter",
     "ModelMetadata",
     "NodeArg",
     "OrtAllocatorType",

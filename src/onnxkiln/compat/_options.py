@@ -324,8 +324,8 @@ class RunOptions:
         >>> ro.add_run_config_entry("kiln.run.timeout_s", "2.5")  # the same without a timer
     """
 
-    __slots__ = ("_config", "_flag", "log_severity_level", "log_verbosity_level", "logid",
-                 "only_execute_path_to_fetches", "synchronize_execution_providers")
+    __slots__ = ("_adapters", "_config", "_flag", "log_severity_level", "log_verbosity_level",
+                 "logid", "only_execute_path_to_fetches", "synchronize_execution_providers")
 
     def __init__(self) -> None:
         self.log_severity_level = -1
@@ -335,6 +335,19 @@ class RunOptions:
         self.synchronize_execution_providers = True
         self._flag = _TerminateFlag()
         self._config: dict[str, str] = {}
+        self._adapters: list[Any] = []
+
+    def add_active_adapter(self, adapter: Any) -> None:
+        """Feed `adapter`'s parameters (a compat.LoraAdapter) to `run` and
+        `run_with_ort_values` calls with these options (not IOBinding runs, as in
+        onnxruntime), each as the model input or overridable initializer of its name;
+        adapters added later win where names repeat, adapter values over the run's feeds."""
+        from onnxkiln.compat._lora import LoraAdapter
+
+        if not isinstance(adapter, LoraAdapter):
+            raise InvalidOptionError("add_active_adapter takes an onnxkiln.compat.LoraAdapter, "
+                                     f"got {type(adapter).__name__}")
+        self._adapters.append(adapter)
 
     @property
     def terminate(self) -> bool:

@@ -21,6 +21,7 @@ from onnxkiln.compat._devices import CPU_MEMORY, OrtMemoryInfo
 from onnxkiln.compat._edits import LOAD_CONFIG_ENV, apply_model_config, edit_model, has_edits
 from onnxkiln.compat._errors import Fail, ort_errors_class
 from onnxkiln.compat._iobinding import IOBinding
+from onnxkiln.compat._lora import adapter_feeds
 from onnxkiln.compat._model import ModelInfo, needed_nodes, prune
 from onnxkiln.compat._options import (
     OPTIMIZATION,
@@ -322,7 +323,7 @@ class InferenceSession:
             >>> probs, = sess.run(["probabilities"], {"input": x})
         """
         names = self._check_outputs(output_names)
-        feed = self._check_feed(input_feed)
+        feed = self._check_feed(input_feed, run_options)
         return self._execute(names, feed, run_options)
 
     def run_with_ort_values(self, output_names: Sequence[str] | None,
@@ -339,7 +340,7 @@ class InferenceSession:
                     f"run_with_ort_values: input '{name}' is a {type(value).__name__}, not an "
                     "OrtValue; wrap it with OrtValue.ortvalue_from_numpy(x) or call run()")
         names = self._check_outputs(output_names)
-        feed = self._check_feed(input_dict_ort_values)
+        feed = self._check_feed(input_dict_ort_values, run_options)
         return [OrtValue(v) for v in self._execute(names, feed, run_options)]
 
     def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
@@ -412,11 +413,13 @@ class InferenceSession:
                     f"Invalid output name: {name!r}; the model's outputs are {known}")
         return names
 
-    def _check_feed(self, input_feed: Any) -> dict[str, Any]:
+    def _check_feed(self, input_feed: Any, run_options: Any = None) -> dict[str, Any]:
         if not isinstance(input_feed, Mapping):
             raise InvalidInputError(
                 "input_feed must be a dict {input name: value}, got "
                 f"{type(input_feed).__name__}")
+        if isinstance(run_options, RunOptions):  # active LoRA adapters feed their parameters
+            input_feed = adapter_feeds(input_feed, run_options._adapters)
         missing = [a.name for a in self._info.inputs
                    if a.name not in input_feed and not a.type.startswith("optional")]
         if missing:

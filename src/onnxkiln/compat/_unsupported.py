@@ -31,14 +31,10 @@ MODULE_FUNCTIONS = {
     "copy_tensors": _NO_DEVICE,
 }
 MODULE_CLASSES = {
-    "AdapterFormat": "onnxkiln does not read or write LoRA adapter files",
-    "LoraAdapter": "onnxkiln does not load LoRA adapters",
     "ModelCompiler": "onnxkiln has no model compiler (see onnxkiln's EPContext export)",
 }
 # refused class -> its class-level constructors, refused by name too
-CLASS_CONSTRUCTORS = {
-    "AdapterFormat": ("read_adapter",),
-}
+CLASS_CONSTRUCTORS: dict[str, tuple[str, ...]] = {}
 # class name -> {method: why}
 METHODS = {
     "InferenceSession": {
@@ -56,7 +52,6 @@ METHODS = {
         "set_ep_context_data_read_func": "EPContext blobs are read from the model's folder",
         "set_load_cancellation_flag": "a session build cannot be cancelled",
     },
-    "RunOptions": {"add_active_adapter": "onnxkiln does not load LoRA adapters"},
 }
 
 
