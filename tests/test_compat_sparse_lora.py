@@ -3,6 +3,8 @@ values, formats, type strings, and the calls both refuse."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -356,3 +358,31 @@ def test_io_binding_runs_ignore_active_adapters_as_onnxruntime(tmp_path):
         results.append(binding.copy_outputs_to_cpu()[0])
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
     np.testing.assert_allclose(results[0], _run(ort, {"input_x": X}), rtol=1e-6)
+
+
+def test_adapters_do_not_stand_in_for_required_inputs_as_onnxruntime(tmp_path):
+    """onnxruntime's Python API checks the feeds before adding the adapters: a parameter
+    that is a plain graph input (no default) must be fed by the caller."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "lora_param_a"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4]),
+         helper.make_tensor_value_info("lora_param_a", TensorProto.FLOAT, [4, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "a.onnx_adapter"
+    _export(ort, path, {"lora_param_a": LORA["lora_param_a"]})
+    results = []
+    for runtime in (ort, rt):
+        adapter = runtime.LoraAdapter()
+        adapter.Load(str(path))
+        options = runtime.RunOptions()
+        options.add_active_adapter(adapter)
+        session = runtime.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+        with pytest.raises(ValueError, match=re.escape(
+                "Required inputs (['lora_param_a']) are missing from input feed (['x'])")):
+            session.run(None, {"x": X}, options)
+        feeds = {"x": X, "lora_param_a": np.ones((4, 2), np.float32)}
+        results.append(session.run(None, feeds, options)[0])  # the adapter's value wins
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+    np.testing.assert_allclose(results[0], X @ LORA["lora_param_a"], rtol=1e-6)

@@ -11,7 +11,9 @@ buffer out front to back (every offset points forward, as flatbuffers requires) 
 reader checks every offset and length against the buffer, so a damaged file is one clear
 error. A run with active adapters feeds each parameter as the model input (or overridable
 initializer) of the same name, as onnxruntime does: an adapter's value wins over a feed
-of that name, and a later adapter over an earlier one. As in onnxruntime 1.32, only
+of that name, and a later adapter over an earlier one. Required inputs (no default)
+must still be fed by the caller: onnxruntime's Python API checks the feeds before it
+adds the adapters, and so does this. As in onnxruntime 1.32, only
 `run` and `run_with_ort_values` feed them; `run_with_iobinding` does not (bind the
 parameters as inputs there).
 """

@@ -418,14 +418,14 @@ class InferenceSession:
             raise InvalidInputError(
                 "input_feed must be a dict {input name: value}, got "
                 f"{type(input_feed).__name__}")
-        if isinstance(run_options, RunOptions):  # active LoRA adapters feed their parameters
-            input_feed = adapter_feeds(input_feed, run_options._adapters)
         missing = [a.name for a in self._info.inputs
                    if a.name not in input_feed and not a.type.startswith("optional")]
         if missing:
             raise InvalidInputError(
                 f"Required inputs ({missing}) are missing from input feed "
                 f"({list(input_feed)}).")
+        if isinstance(run_options, RunOptions):  # active LoRA adapters feed their parameters
+            input_feed = adapter_feeds(input_feed, run_options._adapters)
         feed = {k: _void_as_strings(v.value if isinstance(v, OrtValue) else v)
                 for k, v in input_feed.items()}
         refuse_sparse_feeds(feed, [(a.name, a.type) for a in self._info.inputs])
