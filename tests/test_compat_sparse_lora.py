@@ -386,3 +386,12 @@ def test_adapters_do_not_stand_in_for_required_inputs_as_onnxruntime(tmp_path):
         results.append(session.run(None, feeds, options)[0])  # the adapter's value wins
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
     np.testing.assert_allclose(results[0], X @ LORA["lora_param_a"], rtol=1e-6)
+
+
+def test_the_capi_module_exports_the_sparse_and_adapter_classes_as_onnxruntimes_does():
+    from onnxkiln import compat
+    from onnxkiln.compat.capi import onnxruntime_pybind11_state as capi
+
+    for name in ("SparseTensor", "OrtSparseFormat", "LoraAdapter", "AdapterFormat"):
+        assert getattr(capi, name) is getattr(compat, name)
+        assert name in capi.__all__
