@@ -172,11 +172,17 @@ def test_segmented_capture_around_a_data_dependent_seam(op):
 
 
 def _det_model() -> onnx.ModelProto:
-    nodes = [oh.make_node("Mul", ["x", "two"], ["a"]), oh.make_node("Det", ["a"], ["d"]),
+    """Mul and Add on the device around ai.onnx.ml LabelEncoder, which the torch provider
+    has no kernel for (a CPU fallback node)."""
+    nodes = [oh.make_node("Mul", ["x", "two"], ["a"]),
+             oh.make_node("LabelEncoder", ["a"], ["d"], domain="ai.onnx.ml",
+                          keys_floats=[0.0, 2.0], values_floats=[5.0, 7.0], default_float=0.5),
              oh.make_node("Add", ["d", "one"], ["y"]), oh.make_node("Neg", ["a"], ["n"])]
-    return _model(nodes, [_vi("x", T.FLOAT, [2, 3, 3])],
-                  [_vi("y", T.FLOAT, [2]), _vi("n", T.FLOAT, [2, 3, 3])],
-                  {"two": np.array(2, np.float32), "one": np.array(1, np.float32)})
+    model = _model(nodes, [_vi("x", T.FLOAT, [2, 3, 3])],
+                   [_vi("y", T.FLOAT, [2, 3, 3]), _vi("n", T.FLOAT, [2, 3, 3])],
+                   {"two": np.array(2, np.float32), "one": np.array(1, np.float32)})
+    model.opset_import.append(oh.make_opsetid("ai.onnx.ml", 2))
+    return model
 
 
 def test_segmented_capture_around_a_cpu_fallback_node():
@@ -184,15 +190,15 @@ def test_segmented_capture_around_a_cpu_fallback_node():
     ref = _session(_det_model())
     assert s.execution_provider_fallback_report() is not None
     xb = s.allocate_device_binding("x", None, F, (2, 3, 3), (2, 3, 3))
-    yb = s.allocate_device_output_binding("y", F, (2,), (2,))
+    yb = s.allocate_device_output_binding("y", F, (2, 3, 3), (2, 3, 3))
     nb = s.allocate_device_output_binding("n", F, (2, 3, 3), (2, 3, 3))
     rng = np.random.default_rng(3)
     xb.write(rng.standard_normal((2, 3, 3)).astype(np.float32))
     res = s.try_capture_with_device_bindings({}, [xb, yb, nb])
     assert res.captured and res.segments == 2
     nodes = [(d.op_type, d.seam_kind) for d in s.capture_segmentation() if d.node_id >= 0]
-    assert nodes == [("Det", ok.SeamKind.CPU_FALLBACK)]
-    det = next(d for d in s.capture_segmentation() if d.op_type == "Det")
+    assert nodes == [("LabelEncoder", ok.SeamKind.CPU_FALLBACK)]
+    det = next(d for d in s.capture_segmentation() if d.op_type == "LabelEncoder")
     assert "runs on cpu" in det.reason
     copies = [d for d in s.capture_segmentation() if d.node_id < 0]
     assert copies and all(d.seam_kind is ok.SeamKind.KERNEL_NOT_CAPTURABLE for d in copies)
@@ -563,7 +569,7 @@ def test_growing_decoder_segments_recorded_as_graphs_replay_like_eager(graphs):
 def test_cpu_fallback_seam_between_recorded_graphs_replays_like_eager(graphs):
     s, ref = _session(_det_model(), torch=True), _session(_det_model())
     xb = s.allocate_device_binding("x", None, F, (2, 3, 3), (2, 3, 3))
-    yb = s.allocate_device_output_binding("y", F, (2,), (2,))
+    yb = s.allocate_device_output_binding("y", F, (2, 3, 3), (2, 3, 3))
     nb = s.allocate_device_output_binding("n", F, (2, 3, 3), (2, 3, 3))
     rng = np.random.default_rng(5)
     xb.write(rng.standard_normal((2, 3, 3)).astype(np.float32))

@@ -29,16 +29,16 @@ def _steps(session):
 
 
 def _mixed_model():
-    """Relu (device) -> BitShift on uint32 (torch has no uint32: CPU) -> Cast -> Neg (device)."""
+    """Relu (device) -> Div on uint64 (no exact torch form: CPU) -> Cast -> Neg (device)."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("Cast", ["r"], ["u"], to=TensorProto.UINT32),
-        helper.make_node("BitShift", ["u", "s"], ["b"], direction="LEFT"),
+        helper.make_node("Cast", ["r"], ["u"], to=TensorProto.UINT64),
+        helper.make_node("Div", ["u", "s"], ["b"]),
         helper.make_node("Cast", ["b"], ["f"], to=TensorProto.FLOAT),
         helper.make_node("Neg", ["f"], ["y"]),
     ]
     return make_model(nodes, [tensor_info("x", np.float32, [2, 3]),
-                              tensor_info("s", np.uint32, [2, 3])],
+                              tensor_info("s", np.uint64, [2, 3])],
                       [tensor_info("y", np.float32, [2, 3])])
 
 
@@ -56,7 +56,7 @@ def test_cuda_without_gpu_falls_back_whole_session_with_reason(caplog):
     report = s.execution_provider_fallback_report()
     assert report.whole_session and report.reason == "no CUDA device"
     assert report.requested_provider == "cuda" and report.fallback_provider == "cpu"
-    assert report.assigned_ops["cpu"] == ["ai.onnx::BitShift", "ai.onnx::Cast", "ai.onnx::Neg",
+    assert report.assigned_ops["cpu"] == ["ai.onnx::Cast", "ai.onnx::Div", "ai.onnx::Neg",
                                           "ai.onnx::Relu"]
     assert "no CUDA device" in str(report)
     assert s.device_id() == ok.DeviceId(ok.DeviceType.CPU)
@@ -76,25 +76,25 @@ def test_auto_without_gpu_is_the_cpu_and_reports_nothing():
 def test_mixed_placement_copies_only_at_boundaries_and_matches_cpu(caplog):
     model = _mixed_model()
     x = np.array([[1.5, -2, 3], [4, -5, 6]], np.float32)
-    shift = np.array([[1, 2, 3], [0, 1, 2]], np.uint32)
+    shift = np.array([[1, 2, 3], [5, 1, 2]], np.uint64)
     with caplog.at_level(logging.WARNING, logger="onnxkiln"):
         s = _device_session(model)
     expected = ok.InferenceSession.builder().device("cpu").from_graph(model).run(
         {"x": x, "s": shift})
     np.testing.assert_array_equal(s.run({"x": x, "s": shift})[0], expected[0])
     steps = _steps(s)
-    # x uploaded; r and f cross; the uint32 cast runs where its input is declined
+    # x uploaded; r and f cross; the uint64 casts run where Div is declined
     assert steps.count(("cuda", "MemcpyFromHost")) == 2  # x, then f back to the device
     assert steps.count(("cuda", "MemcpyToHost")) == 3  # s to host, r to host, y out
     assert ("cuda", "Relu") in steps and ("cuda", "Neg") in steps
-    assert ("cpu", "BitShift") in steps
+    assert ("cpu", "Div") in steps
     report = s.execution_provider_fallback_report()
     assert not report.whole_session
     declined = {d.op_type: d.reason for d in report.declines}
-    assert "uint32" in declined["BitShift"]
-    assert report.assigned_ops["cpu"] == ["ai.onnx::BitShift", "ai.onnx::Cast"]
+    assert "uint64" in declined["Div"]
+    assert report.assigned_ops["cpu"] == ["ai.onnx::Cast", "ai.onnx::Div"]
     assert "ai.onnx::Relu" in report.assigned_ops["cuda"]
-    assert "BitShift" in str(report)
+    assert "Div" in str(report)
     assert any("fell back" in r.getMessage() for r in caplog.records)
 
 
@@ -102,7 +102,7 @@ def test_cuda_alone_turns_a_fallback_into_an_error_listing_the_nodes():
     with pytest.raises(ok.ExecutionProviderUnavailableError) as e:
         _device_session(_mixed_model(), providers=("cuda",))
     message = str(e.value)
-    assert "BitShift" in message and "uint32" in message and "'cpu'" in message
+    assert "Div" in message and "uint64" in message and "'cpu'" in message
 
 
 def test_shape_subgraph_stays_on_the_host():

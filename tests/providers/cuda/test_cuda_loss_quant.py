@@ -327,3 +327,35 @@ def test_dropout_old_opsets():
     check_node("Dropout", {"x": x}, n_outputs=2, opset=6, ratio=0.4, seed=3)
     check_node("Dropout", {"x": x}, n_outputs=2, opset=7, ratio=0.4)
     check_node("Dropout", {"x": x}, n_outputs=2, opset=10, ratio=0.4)
+
+
+def test_session_runs_storage_types_on_the_torch_provider():
+    """uint32 arithmetic, float8 and int4 Casts and an int4 DequantizeLinear are placed on
+    the torch provider in a real session (claims accepts their types) and agree with the CPU
+    session."""
+    from onnx import TensorProto, helper
+
+    import onnxkiln
+
+    nodes = [helper.make_node("Add", ["a", "a"], ["s"]),
+             helper.make_node("Cast", ["f"], ["f8"], to=TensorProto.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["f8"], ["back"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["f"], ["i4"], to=TensorProto.INT4),
+             helper.make_node("DequantizeLinear", ["i4", "sc"], ["dq"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("a", TensorProto.UINT32, [3]),
+                     helper.make_tensor_value_info("f", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info(n, t, [3]) for n, t in
+         [("s", TensorProto.UINT32), ("back", TensorProto.FLOAT), ("dq", TensorProto.FLOAT)]],
+        [helper.make_tensor("sc", TensorProto.FLOAT, [], [0.5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"a": np.array([1, 2**32 - 1, 7], np.uint32),
+             "f": np.array([1.5, -600.0, 9.0], np.float32)}
+    dev = onnxkiln.InferenceSession.builder().providers(["cuda", "cpu"]).option(
+        "testing.cuda_on_torch_cpu", "1").from_graph(model)
+    placed = {(s.provider, s.op_type) for s in dev._plan.steps}
+    assert {("cuda", "Add"), ("cuda", "Cast"), ("cuda", "DequantizeLinear")} <= placed
+    cpu = onnxkiln.InferenceSession.builder().device("cpu").from_graph(model)
+    for got, want in zip(dev.run(None, feeds), cpu.run(None, feeds)):
+        assert np.asarray(got).dtype == np.asarray(want).dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -13,6 +13,7 @@ from onnxkiln.providers.base import NodeInfo
 __all__ = [
     "FLOAT8",
     "FLOATS",
+    "HELD",
     "INTS",
     "SERVED",
     "SUB_BYTE",
@@ -63,6 +64,9 @@ FLOAT8 = frozenset({DataType.FLOAT8E4M3FN, DataType.FLOAT8E4M3FNUZ, DataType.FLO
                     DataType.FLOAT8E5M2FNUZ})
 SUB_BYTE = frozenset({DataType.INT4, DataType.UINT4, DataType.INT2, DataType.UINT2})
 SERVED = FLOATS | INTS | {DataType.BOOL}
+# every element type a torch tensor can hold here (storage-only types included: the kernels'
+# own `supports` decline the ones they do not compute on)
+HELD = SERVED | FLOAT8 | SUB_BYTE | {DataType.UINT16, DataType.UINT32, DataType.UINT64}
 NUMERIC = FLOATS | INTS
 
 _WHY: dict[DataType, str] = {

@@ -17,7 +17,7 @@ import torch
 from onnxkiln.dtypes import DataType
 from onnxkiln.providers.base import NodeInfo, registry_claims
 from onnxkiln.providers.cuda.device import device_scope
-from onnxkiln.providers.cuda.dtypes import SERVED, from_torch, to_numpy, to_torch, to_torch_dtype
+from onnxkiln.providers.cuda.dtypes import HELD, from_torch, to_numpy, to_torch, to_torch_dtype
 from onnxkiln.providers.cuda.registry import REGISTRY
 from onnxkiln.types import DeviceAllocationCounts, DeviceId, DeviceType
 
@@ -56,7 +56,7 @@ class TorchProvider:
                     return f"'{v.name}' is a {v.type}: sequences and optionals stay on the host"
         for kind, dtypes in (("input", info.input_dtypes), ("output", info.output_dtypes)):
             for i, dtype in enumerate(dtypes):
-                if dtype is not None and dtype not in SERVED:
+                if dtype is not None and dtype not in HELD:
                     return f"{kind} {i} has type {DataType(dtype)}, which torch kernels do not run"
         return registry_claims(self.registry, info)
 
