@@ -12,6 +12,7 @@ import contrib_cases_attention
 import contrib_cases_blocks
 import contrib_cases_float
 import contrib_cases_generation
+import contrib_cases_nchwc
 import contrib_cases_qlinear
 import contrib_cases_quant
 import contrib_cases_recurrent
@@ -23,8 +24,8 @@ from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu.registry import REGISTRY
 
 CASE_MODULES = (contrib_cases_attention, contrib_cases_blocks, contrib_cases_float,
-                contrib_cases_generation, contrib_cases_qlinear, contrib_cases_quant,
-                contrib_cases_recurrent, onnxkiln.providers.cpu)
+                contrib_cases_generation, contrib_cases_nchwc, contrib_cases_qlinear,
+                contrib_cases_quant, contrib_cases_recurrent, onnxkiln.providers.cpu)
 STANDARD = {"", "ai.onnx", "ai.onnx.ml"}
 
 # Served outside ai.onnx / ai.onnx.ml but not contrib ops of onnxruntime's, each with why and

@@ -21,6 +21,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_misc,
     contrib_moe,
     contrib_moe_router,
+    contrib_nchwc,
     contrib_ngram_hash,
     contrib_norm,
     contrib_qlinear,
