@@ -189,38 +189,63 @@ def nchwc_conv(info: NodeInfo) -> Callable[..., np.ndarray]:
     b_const = info.const_inputs[2] if len(info.const_inputs) > 2 else None
 
     @functools.cache
-    def plan(b: int, blocked_in: bool):
-        w = unblock_weight(w_const, b, blocked_in) if w_const is not None else None
+    def plan(b: int, filter_bi_bo: bool):
+        w = unblock_weight(w_const, b, filter_bi_bo) if w_const is not None else None
         return conv(_inner(info, "Conv", attrs, 11, 3, (None, w, b_const))), w
 
-    def run(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
-            s: np.ndarray | None = None) -> np.ndarray:
-        b = block_size()
-        if x.ndim != 4 or w.ndim != 4:
-            raise ValueError(f"nchwc Conv: input {x.shape} and filter {w.shape} must be 4-D")
-        # as onnxruntime: fewer channels than a block is plain NCHW, else blocked
-        blocked_in = x.shape[1] >= b
-        if blocked_in and x.shape[1] % b:
-            raise ValueError(f"nchwc Conv: {x.shape[1]} input channels are neither under "
-                             f"nor a multiple of the block of {b}")
-        if group > 1 and (w.shape[1] != 1 or group != x.shape[1] or not blocked_in):
-            raise ValueError(f"nchwc Conv: grouped convs must be depthwise, got group={group} "
-                             f"and filter {w.shape}")
-        depthwise = group > 1
-        if w_const is not None and w is w_const:
-            fn, wp = plan(b, blocked_in and not depthwise)
-        else:
-            fn, wp = conv(_inner(info, "Conv", attrs, 11, 3)), unblock_weight(
-                w, b, blocked_in and not depthwise)
-        xn = from_blocked(x, b) if blocked_in else x
-        y = to_blocked(fn(xn, wp, bias), b)
+    def finish(y: np.ndarray, b: int, s: np.ndarray | None) -> np.ndarray:
+        y = to_blocked(y, b)
         if s is not None:
             if s.shape != y.shape:
                 raise ValueError(f"nchwc Conv: Sum {s.shape} does not match output {y.shape}")
             y += s
         return act(y) if act is not None else y
 
+    def run(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+            s: np.ndarray | None = None) -> np.ndarray:
+        b, blocked_in, bi_bo = _conv_layout(x.shape, w.shape, group)
+        if w_const is not None:  # the filter is an initializer: unblocked once
+            fn, wp = plan(b, bi_bo)
+        else:
+            fn, wp = conv(_inner(info, "Conv", attrs, 11, 3)), unblock_weight(w, b, bi_bo)
+        return finish(fn(from_blocked(x, b) if blocked_in else x, wp, bias), b, s)
+
+    def specialize(dtypes, shapes, consts):
+        """The inner Conv's specialisation for the unblocked shapes (same dims as the
+        blocked ones), with the unblocked constant filter."""
+        if w_const is None or shapes[0] is None or shapes[1] is None:
+            return None
+        b, blocked_in, bi_bo = _conv_layout(shapes[0], shapes[1], group)
+        fn, wp = plan(b, bi_bo)
+        sb = shapes[2] if len(shapes) > 2 else None
+        special = fn.specialize(tuple(dtypes[:3]), (shapes[0], wp.shape, sb),
+                                (None, wp, consts[2] if len(consts) > 2 else None))
+        if special is None:
+            return None
+
+        def run_special(x, w, bias=None, s=None):
+            return finish(special(from_blocked(x, b) if blocked_in else x, wp, bias), b, s)
+
+        return run_special
+
+    run.specialize = specialize
     return run
+
+
+def _conv_layout(x_shape: tuple, w_shape: tuple, group: int) -> tuple[int, bool, bool]:
+    """(block, input is blocked, filter in [O/b, I/b, kH, kW, b, b] order) as onnxruntime
+    decides them: fewer input channels than a block is plain NCHW input, else blocked."""
+    b = block_size()
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ValueError(f"nchwc Conv: input {x_shape} and filter {w_shape} must be 4-D")
+    blocked_in = x_shape[1] >= b
+    if blocked_in and x_shape[1] % b:
+        raise ValueError(f"nchwc Conv: {x_shape[1]} input channels are neither under "
+                         f"nor a multiple of the block of {b}")
+    if group > 1 and (w_shape[1] != 1 or group != x_shape[1] or not blocked_in):
+        raise ValueError(f"nchwc Conv: grouped convs must be depthwise, got group={group} "
+                         f"and filter {w_shape}")
+    return b, blocked_in, blocked_in and group == 1
 
 
 def _pool(info: NodeInfo, factory, op: str, names: tuple[str, ...], opset: int):
