@@ -165,3 +165,55 @@ def test_bad_input_is_refused(op, feeds, consts, attrs, match):
     with pytest.raises(SessionError, match=match):
         InferenceSession.builder().optimization("disabled").from_graph(
             _node(op, feeds, consts, **attrs)).run(feeds)
+
+
+def block_weight(w: np.ndarray, b: int, blocked_in: bool) -> np.ndarray:
+    """OIHW (channels multiples of b) to onnxruntime's reordered filter order."""
+    o, i, kh, kw = w.shape
+    if blocked_in:
+        v = w.reshape(o // b, b, i // b, b, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    else:
+        v = w.reshape(o // b, b, i, kh, kw).transpose(0, 2, 3, 4, 1)
+    return np.ascontiguousarray(v).reshape(w.shape)
+
+
+def _reblock_filters(model: onnx.ModelProto, old: int, new: int) -> None:
+    """Rewrite the nchwc Conv filters of `model` from block `old` to block `new` (for
+    channel counts that are multiples of both, so only the data order changes)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    graph_inputs = {v.name for v in model.graph.input}
+    for node in model.graph.node:
+        if node.domain != NCHWC or node.op_type != "Conv":
+            continue
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        blocked_in = node.input[0] not in graph_inputs and group == 1
+        tensor = inits[node.input[1]]
+        w = numpy_helper.to_array(tensor)
+        # block_weight is a permutation here: invert it through the positions it moves
+        perm = block_weight(np.arange(w.size, dtype=np.float32).reshape(w.shape), old,
+                            blocked_in).astype(np.int64)
+        plain = np.empty(w.size, np.float32)
+        plain[perm.reshape(-1)] = w.reshape(-1)
+        tensor.CopyFrom(numpy_helper.from_array(
+            block_weight(plain.reshape(w.shape), new, blocked_in), tensor.name))
+
+
+def test_block_of_8_as_avx2_machines_write(tmp_path, monkeypatch):
+    """The block-8 layout (onnxruntime on AVX2 CPUs), checked on any CPU: the model saved
+    here has its filters reordered to block 8 and runs with block 8 against onnxruntime
+    on the original file (its channel counts are multiples of 16, so nothing else moves)."""
+    from onnxkiln.providers.cpu import contrib_nchwc
+
+    src = tmp_path / "resnet.onnx"
+    onnx.save(_cnn("resnet"), src)
+    model = _optimize(src, tmp_path / "opt.onnx")
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    theirs = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    _reblock_filters(model, block_size(), 8)
+    monkeypatch.setattr(contrib_nchwc, "block_size", lambda: 8)
+    ours = InferenceSession.builder().optimization("disabled").from_graph(model).run({"x": x})
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-4)
