@@ -115,7 +115,8 @@ def test_greedy_refuses_bad_inputs(feeds, attrs, match):
 
 @pytest.mark.parametrize("graph,attrs,match", [
     (decoder_graph(past_shape=[2, "B", "H", "P", 4]), {}, "num_heads and head_size fixed"),
-    (decoder_graph(), {"model_type": 1}, "only model_type 0"),
+    (decoder_graph(), {"model_type": 1}, "model_type 1 needs an `encoder`"),
+    (decoder_graph(), {"model_type": 2}, "model_type 2 is not supported"),
 ])
 def test_greedy_refuses_unsupported_decoders(graph, attrs, match):
     m = search_model("GreedySearch", BASE, graph=graph, eos_token_id=3, pad_token_id=0, **attrs)

@@ -110,9 +110,8 @@ class GptDecoder:
 
     def __init__(self, op: str, info: NodeInfo) -> None:
         if int_attr(info, "model_type", 0) != 0:
-            raise ValueError(f"{op}: only model_type 0 (GPT-2 style decoder) is supported, got "
-                             f"model_type {int_attr(info, 'model_type', 0)}; encoder-decoder "
-                             f"models (T5, BART) are not")
+            raise ValueError(f"{op}: the GPT-2 style decoder driver serves model_type 0, got "
+                             f"model_type {int_attr(info, 'model_type', 0)}")
         self.op = op
         self.decoder = info.subgraphs["decoder"]
         self.first_decoder = info.subgraphs.get("init_decoder", self.decoder)
@@ -175,8 +174,13 @@ class GptDecoder:
         return logits[:, -1, :].astype(_F32)
 
 
-def prompt(op: str, input_ids: np.ndarray, max_length: np.ndarray, attention_mask, pad: int):
-    """Check the prompt inputs; return (ids int32, mask int32, max_length)."""
+def prompt(op: str, input_ids: np.ndarray, max_length: np.ndarray, attention_mask, pad: int,
+           encoder: bool = False):
+    """Check the prompt inputs; return (ids int32, mask int32, max_length).
+
+    For an encoder-decoder model (`encoder`) the output sequences start from the one
+    decoder_start_token_id, and the default mask hides only leading pads (a pad id after
+    the first real token stays visible), as onnxruntime builds it."""
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
         raise ValueError(f"{op}: input_ids must be a non-empty int32 (batch, sequence_length) "
@@ -184,10 +188,15 @@ def prompt(op: str, input_ids: np.ndarray, max_length: np.ndarray, attention_mas
     length = scalar(max_length, f"{op} max_length", None)
     if length is None:
         raise ValueError(f"{op}: max_length is required")
-    if length <= ids.shape[1]:
+    if encoder and length <= 1:
+        raise ValueError(f"{op}: max_length ({length}) must be greater than 1 (sequences start "
+                         f"with decoder_start_token_id)")
+    if not encoder and length <= ids.shape[1]:
         raise ValueError(f"{op}: max_length ({length}) must be greater than the input sequence "
                          f"length ({ids.shape[1]})")
-    if attention_mask is None:
+    if attention_mask is None and encoder:
+        mask = (np.cumsum(ids != pad, axis=1) > 0).astype(_I32)
+    elif attention_mask is None:
         mask = (ids != pad).astype(_I32)
     else:
         if attention_mask.shape != ids.shape:

@@ -18,7 +18,8 @@ import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu import _generation as gen
-from onnxkiln.providers.cpu.contrib_generation import search_subgraphs
+from onnxkiln.providers.cpu.contrib_encdec import EncoderDecoder
+from onnxkiln.providers.cpu.contrib_generation import begin, search_driver, search_subgraphs
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.control import unbuilt
 from onnxkiln.providers.cpu.registry import kernel
@@ -67,7 +68,14 @@ class _Hypotheses:
 class _Beams:
     """The search state of one run: sequences (batch * beams, cur), beam sums, hypotheses."""
 
-    def __init__(self, ids: np.ndarray, beams: int, max_len: int, penalty: float, early: bool):
+    def __init__(self, ids: np.ndarray, beams: int, max_len: int, penalty: float, early: bool,
+                 done_shift: int = 1):
+        """ids: (batch, L) the sequences' first columns, each row repeated `beams` times.
+
+        done_shift: onnxruntime judges a full batch item done against its best candidate's
+        sum over the length after this step (GPT-2 style, 1) or before it (encoder-decoder,
+        0: its T5 search counts the decoder_start_token_id column apart)."""
+        self.done_shift = done_shift
         self.batch, self.k, self.max_len = ids.shape[0], beams, max_len
         self.seqs = np.repeat(ids, beams, axis=0)
         self.sums = np.zeros((self.batch, beams), _F32)
@@ -101,7 +109,7 @@ class _Beams:
                 if chosen == k:
                     break
             best = float(total[b, top[b, 0]])
-            self.hyps[b].done = self.hyps[b].finished(best, cur + 1)
+            self.hyps[b].done = self.hyps[b].finished(best, cur + self.done_shift)
         order = parents.reshape(-1)
         self.seqs = np.concatenate([self.seqs[order], tokens.reshape(-1, 1)], axis=1)
         self.sums = sums
@@ -141,7 +149,7 @@ def beam_search(info: NodeInfo) -> Callable[..., tuple]:
     placeholder = unbuilt(info, search_subgraphs(info))
     if placeholder is not None:
         return placeholder
-    dec = gen.GptDecoder(op, info)
+    dec = search_driver(op, info)
     early = bool(gen.int_attr(info, "early_stopping", 0))
     want_scores = len(info.output_present) > 2 and info.output_present[2]
 
@@ -151,11 +159,13 @@ def beam_search(info: NodeInfo) -> Callable[..., tuple]:
         if ins[10] is not None or ins[11] is not None:
             raise ValueError(f"{op}: decoder_input_ids and logits_processor are not supported")
         pad, eos = gen.int_attr(info, "pad_token_id", 0), gen.int_attr(info, "eos_token_id", -1)
-        ids, mask, max_len = gen.prompt(op, ins[0], ins[1], ins[9], pad)
+        ids, mask, max_len = gen.prompt(op, ins[0], ins[1], ins[9], pad,
+                                        isinstance(dec, EncoderDecoder))
         beams, returns, penalty = _counts(op, ins)
-        batch, length = ids.shape
-        state = _Beams(ids, beams, max_len, penalty, early)
-        logits, dstate = dec.start(state.seqs, np.repeat(mask, beams, axis=0), pad, captured)
+        first, logits, dstate = begin(dec, ids, mask, pad, beams, captured)
+        batch, length = first.shape
+        state = _Beams(first, beams, max_len, penalty, early,
+                       0 if isinstance(dec, EncoderDecoder) else 1)
         vocab = gen.vocab_size(op, info, logits)
         proc = gen.processors(op, info, vocab, batch, ins[2], ins[6], ins[7], ins[8])
         steps = []

@@ -15,6 +15,7 @@ import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu import _generation as gen
+from onnxkiln.providers.cpu.contrib_encdec import EncoderDecoder, model_type
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.control import unbuilt
 from onnxkiln.providers.cpu.registry import kernel
@@ -28,7 +29,27 @@ _F32 = np.dtype(np.float32)
 def search_subgraphs(info: NodeInfo) -> tuple[str, ...]:
     """The graph attributes a search node sets that its kernel runs."""
     attrs = info.node.attributes if info.node is not None else {}
-    return tuple(n for n in ("decoder", "init_decoder") if n == "decoder" or n in attrs)
+    return tuple(n for n in ("decoder", "init_decoder", "encoder") if n == "decoder" or n in attrs)
+
+
+def search_driver(op: str, info: NodeInfo) -> gen.GptDecoder | EncoderDecoder:
+    """The subgraph driver for the node's model_type (0: GPT-2 style, 1: encoder-decoder)."""
+    if model_type(op, info) == 1:
+        return EncoderDecoder(op, info)
+    return gen.GptDecoder(op, info)
+
+
+def begin(dec, ids: np.ndarray, mask: np.ndarray, pad: int, beams: int,
+          captured: tuple) -> tuple[np.ndarray, np.ndarray, list]:
+    """Start decoding: (the sequences' first columns (batch, L), first logits (batch * beams,
+    V), driver state). A GPT-2 style decoder continues the prompt (rows repeated `beams`
+    times); an encoder-decoder pair starts from decoder_start_token_id."""
+    if isinstance(dec, EncoderDecoder):
+        logits, state = dec.start(ids, mask, beams, captured)
+        return dec.first_tokens(ids.shape[0]), logits, state
+    logits, state = dec.start(np.repeat(ids, beams, axis=0), np.repeat(mask, beams, axis=0),
+                              pad, captured)
+    return ids, logits, state
 
 
 def _split(info: NodeInfo, args: tuple, n_inputs: int) -> tuple[list, tuple]:
@@ -37,18 +58,19 @@ def _split(info: NodeInfo, args: tuple, n_inputs: int) -> tuple[list, tuple]:
     return ins, args[info.n_inputs:]
 
 
-def _decode(op: str, info: NodeInfo, dec: gen.GptDecoder, ins: list, captured: tuple,
+def _decode(op: str, info: NodeInfo, dec, ins: list, captured: tuple,
             choose: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
     """The loop GreedySearch and Sampling share: `choose(scores, step)` picks each row's
     next token from its processed scores (rows, V)."""
     pad, eos = gen.int_attr(info, "pad_token_id", 0), gen.int_attr(info, "eos_token_id", -1)
-    ids, mask, max_len = gen.prompt(op, ins[0], ins[1], ins[6], pad)
-    batch, length = ids.shape
-    logits, state = dec.start(ids, mask, pad, captured)
+    encdec = isinstance(dec, EncoderDecoder)
+    ids, mask, max_len = gen.prompt(op, ins[0], ins[1], ins[6], pad, encdec)
+    first, logits, state = begin(dec, ids, mask, pad, 1, captured)
+    batch, length = first.shape
     vocab = gen.vocab_size(op, info, logits)
     proc = gen.processors(op, info, vocab, batch, ins[2], ins[3], ins[4], ins[5])
     out = np.full((batch, max_len), pad, _I32)
-    out[:, :length] = ids
+    out[:, :length] = first
     done = np.zeros(batch, bool)
     cur = length
     while True:
@@ -67,12 +89,13 @@ def _decode(op: str, info: NodeInfo, dec: gen.GptDecoder, ins: list, captured: t
 @kernel("GreedySearch", since=1, domain=MS, factory=True, capture=CaptureSupport.HOST_SYNC,
         variant="greedysearch.gpt")
 def greedy_search(info: NodeInfo) -> Callable[..., np.ndarray]:
-    """Greedy decoding: each step takes the highest processed score (first on ties)."""
+    """Greedy decoding: each step takes the highest processed score (first on ties). Serves
+    model_type 1 (encoder-decoder) too, which onnxruntime's CPU GreedySearch refuses."""
     op = "GreedySearch"
     placeholder = unbuilt(info, search_subgraphs(info))
     if placeholder is not None:
         return placeholder
-    dec = gen.GptDecoder(op, info)
+    dec = search_driver(op, info)
 
     def run(*args) -> np.ndarray:
         ins, captured = _split(info, args, 7)
