@@ -168,3 +168,14 @@ def test_matmul_nbits(bits, zp, const):
         inits = {}
     assert check_node("MatMulNBits", feeds, initializers=inits, input_names=names, domain=MS,
                K=k, N=n, bits=bits, block_size=block, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,params", [("Relu", []), ("Clip", [0.0, 6.0]), ("HardSwish", []),
+                                        ("Silu", []), ("HardSigmoid", [0.2, 0.5])])
+def test_onnxkiln_fused_conv(act, params):
+    # the optimizer's Conv -> activation node: without a torch kernel every conv of a CNN
+    # placed on the device fell back to the CPU with two copies
+    feeds = {"x": rand((2, 3, 7, 7)), "w": rand((4, 3, 3, 3)), "b": rand((4,))}
+    attrs = {"activation": act, **({"activation_params": params} if params else {})}
+    assert check_node("FusedConv", feeds, domain="onnxkiln", pads=[1, 1, 1, 1],
+                      strides=[2, 2], rtol=1e-4, atol=1e-5, **attrs)

@@ -47,8 +47,11 @@ _ACTS: dict[str, tuple[tuple[str, ...], Callable[..., Act]]] = {
         y * b, torch.zeros_like(y)) * a),
     "Selu": (("alpha", "gamma"), lambda a, g: lambda y: torch.where(
         y < 0, torch.expm1(y) * a, y) * g),
+    "HardSwish": ((), lambda: F.hardswish),
+    "Silu": ((), lambda: F.silu),
 }
 _CONV_ACTS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
+_OURS_CONV_ACTS = (*_CONV_ACTS, "HardSwish", "Silu")  # onnxkiln's FusedConv (optimizer-made)
 
 
 def _activation(op: str, name: str, params: dict, allowed=None) -> Act | None:
@@ -73,10 +76,21 @@ def _apply(y: Tensor, act: Act | None) -> Tensor:
 @kernel("FusedConv", since=1, domain=MS, factory=True, supports=_FLOAT)
 def fused_conv(info: NodeInfo) -> Callable[..., Tensor]:
     """activation(Conv(X, W, B) + Z); activation parameters in `activation_params`."""
+    return _fused_conv(info, _CONV_ACTS)
+
+
+@kernel("FusedConv", since=1, domain="onnxkiln", factory=True, supports=_FLOAT)
+def fused_conv_ours(info: NodeInfo) -> Callable[..., Tensor]:
+    """onnxkiln's FusedConv (the optimizer's Conv -> activation): com.microsoft's
+    activations plus HardSwish and Silu, so CNNs placed on the device stay there."""
+    return _fused_conv(info, _OURS_CONV_ACTS)
+
+
+def _fused_conv(info: NodeInfo, allowed: tuple[str, ...]) -> Callable[..., Tensor]:
     name = attr_str(info.attrs.get("activation"))
     plist = list(info.attrs.get("activation_params") or [])
     needed = _ACTS[name][0] if name in _ACTS else ()
-    act = _activation("FusedConv", name, dict(zip(needed, plist)), _CONV_ACTS)
+    act = _activation("FusedConv", name, dict(zip(needed, plist)), allowed)
     conv_info = dataclasses.replace(info, op_type="Conv", domain="", opset=11, attrs={
         k: v for k, v in info.attrs.items() if k not in ("activation", "activation_params")})
     conv = conv_fn(conv_info)
