@@ -47,6 +47,61 @@ def decoder(seed: int) -> onnx.GraphProto:
                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
 
 
+def _t5_step(n, ids: str, self_past: bool) -> list:
+    """One decoder step of the encoder-decoder pair below: logits = embedding @ Wout + the
+    mean of the self keys (past ++ this token's) @ Wctx + the mean of the cross keys @ Wx."""
+    sk, kv = "present_key_self_0", "present_value_self_0"
+    nodes = [n("Gather", ["E", ids], ["x"]), n("MatMul", ["x", "Wk"], ["k3"]),
+             n("Unsqueeze", ["k3", "ax1"], ["k4"])]
+    nodes += ([n("Concat", ["past_key_self_0", "k4"], [sk], axis=2),
+               n("Concat", ["past_value_self_0", "k4"], [kv], axis=2)] if self_past else
+              [n("Identity", ["k4"], [sk]), n("Identity", ["k4"], [kv])])
+    return [
+        *nodes,
+        n("ReduceMean", [sk], ["sm"], axes=[1, 2], keepdims=0),
+        n("ReduceMean", ["cross_k"], ["cm"], axes=[1, 2], keepdims=0),
+        n("MatMul", ["sm", "Wctx"], ["sl"]), n("MatMul", ["cm", "Wx"], ["cl"]),
+        n("Add", ["sl", "cl"], ["ctx"]), n("Unsqueeze", ["ctx", "ax1"], ["ctx_b"]),
+        n("MatMul", ["x", "Wout"], ["direct"]), n("Add", ["direct", "ctx_b"], ["logits"])]
+
+
+def t5_pair(seed: int) -> tuple[onnx.GraphProto, onnx.GraphProto]:
+    """A one-layer, one-head T5 style encoder/decoder pair (model_type 1): the encoder gives
+    the first logits (for decoder_input_ids), tanh(embedding @ Wenc) as hidden states, the
+    self key/value of the first token and the cross key/value; keys equal values."""
+    rng = np.random.default_rng(seed)
+    w = {"E": rng.standard_normal((VOCAB, D)) * 1.5, "Wenc": rng.standard_normal((D, D)),
+         "Wk": rng.standard_normal((D, D)), "Wout": rng.standard_normal((D, VOCAB)) * 1.5,
+         "Wctx": rng.standard_normal((D, VOCAB)), "Wx": rng.standard_normal((D, VOCAB))}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "ax1"))
+    n, i32, f32 = helper.make_node, TensorProto.INT32, TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    kv4 = ["B", 1, "T", D]
+    enc_nodes = [n("Gather", ["E", "encoder_input_ids"], ["e"]),
+                 n("MatMul", ["e", "Wenc"], ["eh"]), n("Tanh", ["eh"], ["encoder_hidden_states"]),
+                 n("Unsqueeze", ["encoder_hidden_states", "ax1"], ["cross_k"]),
+                 n("Identity", ["cross_k"], ["present_key_cross_0"]),
+                 n("Identity", ["cross_k"], ["present_value_cross_0"]),
+                 *_t5_step(n, "decoder_input_ids", False)]
+    enc = helper.make_graph(
+        enc_nodes, "encoder",
+        [vi("encoder_input_ids", i32, ["B", "S"]), vi("encoder_attention_mask", i32, ["B", "S"]),
+         vi("decoder_input_ids", i32, ["B", 1])],
+        [vi("logits", f32, ["B", 1, VOCAB]), vi("encoder_hidden_states", f32, ["B", "S", D]),
+         vi("present_key_self_0", f32, kv4), vi("present_value_self_0", f32, kv4),
+         vi("present_key_cross_0", f32, kv4), vi("present_value_cross_0", f32, kv4)], inits)
+    dec = helper.make_graph(
+        [n("Identity", ["past_key_cross_0"], ["cross_k"]), *_t5_step(n, "input_ids", True)],
+        "decoder",
+        [vi("input_ids", i32, ["B", 1]), vi("encoder_attention_mask", i32, ["B", "S"]),
+         vi("past_key_self_0", f32, kv4), vi("past_value_self_0", f32, kv4),
+         vi("past_key_cross_0", f32, kv4), vi("past_value_cross_0", f32, kv4)],
+        [vi("logits", f32, ["B", 1, VOCAB]), vi("present_key_self_0", f32, kv4),
+         vi("present_value_self_0", f32, kv4)], inits)
+    return enc, dec
+
+
 def _prompt(rng, batch=2, length=3):
     return rng.integers(1, VOCAB, (batch, length)).astype(I32)
 
@@ -85,4 +140,8 @@ def beam_search(rng):
              "early_stopping": 0}
     feeds = {"ids": ids, "max": scalar([8], I32), "min": scalar([1], I32),
              "beams": scalar([3], I32), "ret": scalar([2], I32), "lp": scalar([1.0], F32)}
-    return [Case("3-beams-2-returned", feeds, attrs, n_out=2, rtol=1e-4, atol=1e-5, opset=17)]
+    enc, dec = t5_pair(4)
+    t5 = {"encoder": enc, "decoder": dec, "decoder_start_token_id": 1, "eos_token_id": 2,
+          "pad_token_id": 0, "model_type": 1, "early_stopping": 0}
+    return [Case("3-beams-2-returned", feeds, attrs, n_out=2, rtol=1e-4, atol=1e-5, opset=17),
+            Case("t5-encoder-decoder", feeds, t5, n_out=2, rtol=1e-4, atol=1e-5, opset=17)]
