@@ -1,5 +1,6 @@
-"""CPU kernel: com.microsoft BeamSearch over a GPT-2 style decoder subgraph (what
-onnxruntime.transformers' convert_generation emits for beam decoding).
+"""CPU kernel: com.microsoft BeamSearch over a GPT-2 style decoder subgraph or a T5/BART style
+encoder-decoder pair (model_type 1, driven by `contrib_encdec.py`), what
+onnxruntime.transformers' convert_generation emits for beam decoding.
 
 Each step scores every beam's next tokens by log-softmax plus the beam's running sum, keeps
 the best 2 * num_beams candidates per batch item and takes them in order: a candidate ending
@@ -72,9 +73,10 @@ class _Beams:
                  done_shift: int = 1):
         """ids: (batch, L) the sequences' first columns, each row repeated `beams` times.
 
-        done_shift: onnxruntime judges a full batch item done against its best candidate's
-        sum over the length after this step (GPT-2 style, 1) or before it (encoder-decoder,
-        0: its T5 search counts the decoder_start_token_id column apart)."""
+        done_shift: a full batch item is judged done against its best candidate's sum over
+        the length after this step (GPT-2 style, 1) or before it (encoder-decoder, 0): the
+        lengths that follow onnxruntime best on generated cases. Exact ties between the worst
+        hypothesis and that bound can still be decided the other way by onnxruntime."""
         self.done_shift = done_shift
         self.batch, self.k, self.max_len = ids.shape[0], beams, max_len
         self.seqs = np.repeat(ids, beams, axis=0)

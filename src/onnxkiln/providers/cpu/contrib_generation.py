@@ -1,5 +1,6 @@
 """CPU kernels: com.microsoft GreedySearch and Sampling, the generation loops that
-onnxruntime.transformers' convert_generation wraps around a GPT-2 style decoder subgraph.
+onnxruntime.transformers' convert_generation wraps around a GPT-2 style decoder subgraph
+(GreedySearch also around a T5/BART encoder-decoder pair, model_type 1).
 
 Both run the decoder on the prompt, then one token per row until every row has produced
 eos_token_id or the sequences reach max_length. A row's eos and every later position read
