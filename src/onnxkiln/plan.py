@@ -317,8 +317,7 @@ def _shape(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
 def _build_kernel(spec: KernelSpec, info: NodeInfo) -> Callable[..., Any]:
     try:
         last_in = max((i + 1 for i, p in enumerate(info.input_present) if p), default=0)
-        last_out = max((i + 1 for i, p in enumerate(info.output_present) if p), default=0)
-        check_arity(info.op_type, info.domain, info.opset, last_in, last_out)
+        check_arity(info.op_type, info.domain, info.opset, last_in)
         return spec.build(info)
     except ModelLoadError:
         raise

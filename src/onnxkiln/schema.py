@@ -36,24 +36,21 @@ def schema_defaults(op_type: str, domain: str, opset: int) -> Mapping[str, Any]:
 
 
 @functools.cache
-def _max_arity(op_type: str, domain: str, opset: int) -> tuple[int, int] | None:
+def _max_inputs(op_type: str, domain: str, opset: int) -> int | None:
     try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
+        return onnx.defs.get_schema(op_type, opset, domain).max_input
     except onnx.defs.SchemaError:
         return None
-    return schema.max_input, schema.max_output
 
 
-def check_arity(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> None:
-    """Refuse a node with more inputs or outputs than its schema allows (onnxruntime refuses
-    the model; a kernel would be called with arguments it does not take)."""
-    arity = _max_arity(op_type, domain, opset)
-    if arity is None:
-        return
-    for what, given, most in (("inputs", n_inputs, arity[0]), ("outputs", n_outputs, arity[1])):
-        if given > most:
-            raise ValueError(f"{op_type} (opset {opset}) takes at most {most} {what}; "
-                             f"the node has {given}")
+def check_arity(op_type: str, domain: str, opset: int, n_inputs: int) -> None:
+    """Refuse a node with more inputs than its schema allows (onnxruntime refuses the model;
+    the kernel would be called with an argument it does not take). Extra outputs are the
+    planner's to judge: an unused one is ignored, a used one refused."""
+    most = _max_inputs(op_type, domain, opset)
+    if most is not None and n_inputs > most:
+        raise ValueError(f"{op_type} (opset {opset}) takes at most {most} inputs; "
+                         f"the node has {n_inputs}")
 
 
 def positive_int_attr(attrs: Mapping[str, Any], name: str, op: str, default: int = 1) -> int:
