@@ -87,15 +87,16 @@ def test_cancel_stops_a_long_straight_line_run_before_a_node():
     x = np.ones((128, 128), np.float32)
     session.run({"x": x})
     err = None
-    for _ in range(5):  # a loaded machine may delay the timer past the end of the run
+    for _ in range(10):  # a loaded machine may fire the timer after the run, or before it starts
         t0 = time.perf_counter()
         session.run({"x": x})
         full = time.perf_counter() - t0
         try:
             session.run({"x": x}, cancel=_cancel_after(full / 3))
         except RunCancelledError as e:
-            err = e
-            break
+            if e.op_type:  # stopped between nodes, as this test wants
+                err = e
+                break
     assert err is not None
     assert err.graph == "main"
     assert err.op_type in ("MatMul", "Tanh")
