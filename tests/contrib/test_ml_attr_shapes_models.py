@@ -158,5 +158,5 @@ CASES = [*_linear(), *_svm(), *_many_rows()]
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_matches_onnxruntime(case, numba_on, monkeypatch):
     monkeypatch.setattr(_numba, "ENABLED", numba_on)  # read at plan time: both paths
-    check(case)
+    assert check(case) == case.expected()
 

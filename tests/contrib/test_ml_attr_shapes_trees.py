@@ -217,4 +217,4 @@ CASES = [*_regressors(), *_classifiers(), *_tree_ensemble_5(), *_many_rows()]
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_matches_onnxruntime(case, numba_on, monkeypatch):
     monkeypatch.setattr(_numba, "ENABLED", numba_on)  # read at plan time: both paths
-    check(case)
+    assert check(case) == case.expected()
