@@ -20,32 +20,10 @@ from onnxkiln.builder import SessionBuilder, check_trace
 from onnxkiln.decode import DecodeMemo
 from onnxkiln.device_graph import CaptureContext, DeviceGraphs
 from onnxkiln.dtypes import DataType
-from onnxkiln.errors import (
-    CaptureError,
-    InvalidOptionError,
-    SequenceOutputError,
-)
-from onnxkiln.executor import (
-    CancelHook,
-    CompiledPlan,
-    cancel_scope,
-    cancelled,
-    combine_hooks,
-)
-from onnxkiln.memory import (
-    MemoryPlan,
-    MemoryTracker,
-    PeakPlanner,
-    ShapeOracle,
-    simulate,
-    tracking,
-)
-from onnxkiln.partition import (
-    Placement,
-    insert_copies,
-    place,
-    with_context_providers,
-)
+from onnxkiln.errors import CaptureError, InvalidOptionError, SequenceOutputError
+from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
+from onnxkiln.memory import MemoryPlan, MemoryTracker, PeakPlanner, ShapeOracle, simulate, tracking
+from onnxkiln.partition import Placement, insert_copies, place, with_context_providers
 from onnxkiln.plan import Plan, prune_outputs
 from onnxkiln.pool import run_enter, run_leave, run_scope
 from onnxkiln.providers.base import ControlFlowCounter
