@@ -101,6 +101,25 @@ def _bytes2(c, b, s, m, k, t, j, f1, f2, f3):
                 c2 * np.floor(v * f2) + c3 * np.floor(v * f3))
 
 
+@_inline
+def _block_scale(x, m, k0, k1):
+    """(127 / amax, amax / 127) of x[m, k0:k1], (0, 0) for an all-zero block: level 4's
+    symmetric int8 scale of one row block."""
+    amax = np.float32(0.0)
+    for i in range(k0, k1):
+        v = abs(x[m, i])
+        if v > amax:
+            amax = v
+    inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+    return inv, amax / np.float32(127.0)
+
+
+@_inline
+def _q8(v, inv):
+    """v * inv rounded half to even and clamped to int8's range, as a float32."""
+    return min(max(np.rint(v * inv), np.float32(-128.0)), np.float32(127.0))
+
+
 def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
     """Quantize each row block of x (M, K) to int8 as onnxruntime's level 4 does
     (scale = amax / 127, round_half_even(a * (127 / amax)), zero past K) and write the
@@ -112,13 +131,7 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
         for k in range(n_blocks):
             k0 = k * block
             k1 = min(k0 + block, k_len)
-            amax = np.float32(0.0)
-            for i in range(k0, k1):
-                v = abs(x[m, i])
-                if v > amax:
-                    amax = v
-            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            a_scale[m, k] = amax / np.float32(127.0)
+            inv, a_scale[m, k] = _block_scale(x, m, k0, k1)
             total = np.float32(0.0)
             for j in range(blob):
                 prev = np.float32(0.0)
@@ -126,8 +139,7 @@ def nbits_quantize(x, k_len, block, bits, c, a_sum, a_scale):
                     i = k0 + j * per + p
                     q = np.float32(0.0)
                     if i < k1:
-                        q = min(max(np.rint(x[m, i] * inv), np.float32(-128.0)),
-                                np.float32(127.0))
+                        q = _q8(x[m, i], inv)
                     c[m, k, p, j] = q - radix * prev
                     prev = q
                     total += q
@@ -328,21 +340,14 @@ def nbits_quantize_vnni(x, k_len, block, qa, a_sum, a_scale):
         for k in range(n_blocks):
             k0 = k * block
             k1 = min(k0 + block, k_len)
-            amax = np.float32(0.0)
-            for i in range(k0, k1):
-                v = abs(x[m, i])
-                if v > amax:
-                    amax = v
-            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            a_scale[m, k] = amax / np.float32(127.0)
+            inv, a_scale[m, k] = _block_scale(x, m, k0, k1)
             total = np.float32(0.0)
             for g in range(quads):
                 for r in range(8):
                     i = k0 + g * 8 + 2 * (r % 4) + r // 4
                     q = np.float32(0.0)
                     if i < k1:
-                        q = min(max(np.rint(x[m, i] * inv), np.float32(-128.0)),
-                                np.float32(127.0))
+                        q = _q8(x[m, i], inv)
                     qa[m, k, g, r] = np.int8(q)
                     total += q
             a_sum[m, k] = total
@@ -355,13 +360,7 @@ def nbits_requantize(x, k_len, block, out):
     for m in range(m_len):
         for k0 in range(0, k_len, block):
             k1 = min(k0 + block, k_len)
-            amax = np.float32(0.0)
+            inv, scale = _block_scale(x, m, k0, k1)
             for i in range(k0, k1):
-                v = abs(x[m, i])
-                if v > amax:
-                    amax = v
-            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            scale = amax / np.float32(127.0)
-            for i in range(k0, k1):
-                q = min(max(np.rint(x[m, i] * inv), np.float32(-128.0)), np.float32(127.0))
+                q = _q8(x[m, i], inv)
                 out[m, i] = q * scale
