@@ -201,17 +201,15 @@ def _capture_bindings(s):
     return kv, ids, mask, logits
 
 
-@pytest.mark.parametrize("where", _providers())
-def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder, where):
-    s = _session(decoder, where=where)
-    kv, ids, mask, logits = _capture_bindings(s)
-    binds = [*kv, ids, mask, logits]
+def _capture_then_replay(s, binds, ids, mask, logits, steps=31):
+    """Prefill (on the memo), capture the first greedy step, replay the rest; the mask grows
+    one position per step. Returns every step's logits and the replays' results."""
     ids.write(PROMPT)
-    s.run_with_device_bindings({}, binds)  # the prefill, on the memo
+    s.run_with_device_bindings({}, binds)
     got = [logits.read()]
     ids.set_logical_shape((1, 1))
     replays = []
-    for step in range(31):
+    for step in range(steps):
         ids.write(np.array([[int(got[-1][0, -1].argmax())]], np.int64))
         mask.set_logical_shape((1, 4 + step))
         if step == 0:
@@ -220,6 +218,15 @@ def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder, where):
         else:
             replays.append(s.replay_device_graph(binds))
         got.append(logits.read())
+    return got, replays
+
+
+@pytest.mark.parametrize("where", _providers())
+def test_capture_of_a_growing_cache_and_mask_replays_every_step(decoder, where):
+    s = _session(decoder, where=where)
+    kv, ids, mask, logits = _capture_bindings(s)
+    binds = [*kv, ids, mask, logits]
+    got, replays = _capture_then_replay(s, binds, ids, mask, logits)
     assert replays == [True] * 30  # one capture, no retirement while the cache grows
     assert kv[0].logical_shape == (1, H, 34, D) and mask.logical_shape == (1, 34)
     assert s.check_device_capture_error() == 0
@@ -397,20 +404,7 @@ def test_gqa_decoder_captures_once_and_replays_every_growing_step(gqa):
     mask.write(np.ones((1, CAP), np.int64))
     logits = s.allocate_device_output_binding(gqa.logits, F, (1, 3, vocab), (1, 3, vocab))
     binds = [*kv, ids, mask, logits]
-    ids.write(PROMPT)
-    s.run_with_device_bindings({}, binds)
-    got = [logits.read()]
-    ids.set_logical_shape((1, 1))
-    replays = []
-    for step in range(31):
-        ids.write(np.array([[int(got[-1][0, -1].argmax())]], np.int64))
-        mask.set_logical_shape((1, 4 + step))
-        if step == 0:
-            res = s.try_capture_with_device_bindings({}, binds)
-            assert res.captured and res.segments >= 2
-        else:
-            replays.append(s.replay_device_graph(binds))
-        got.append(logits.read())
+    got, replays = _capture_then_replay(s, binds, ids, mask, logits)
     assert replays == [True] * 30
     assert kv[0].logical_shape[2] == 3 + 31
     gqa_seams = [d for d in s.capture_segmentation() if d.op_type == "GroupQueryAttention"]
