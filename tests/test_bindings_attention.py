@@ -493,7 +493,10 @@ def test_genai_decoder_32_greedy_tokens_through_bound_runs(where, static, arch):
     oracle, oracle_logits = _greedy(theirs, io, prompt, steps, past)
     got, got_logits = _greedy(bound, io, prompt, steps, {})
     assert got == want == oracle
-    np.testing.assert_array_equal(np.stack(got_logits), np.stack(want_logits))
+    # the memo's replays run kernels specialised for the step's shapes, the first-sight
+    # plain runs the generic ones: equal up to the order of the GEMMs' sums
+    np.testing.assert_allclose(np.stack(got_logits), np.stack(want_logits), rtol=1e-5,
+                               atol=1e-6)
     np.testing.assert_allclose(np.stack(got_logits), np.stack(oracle_logits), rtol=1e-4,
                                atol=1e-4)
     row = io.kv_heads * io.head_size * 4

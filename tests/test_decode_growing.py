@@ -382,7 +382,7 @@ def test_gqa_decoder_with_a_growing_mask_replays_the_memo(gqa):
     assert kv[0].logical_shape[2] == 3 + 31
     plain = ok.InferenceSession.builder().providers(["cpu"]).load(str(gqa.model_path))
     for a, b in zip(logits, _gqa_reference(plain.run, gqa, 31)):
-        np.testing.assert_array_equal(a, b)
+        _same_up_to_summation_order(a, b)
     import onnxruntime as ort
 
     ref = ort.InferenceSession(str(gqa.model_path), providers=["CPUExecutionProvider"])
@@ -391,7 +391,7 @@ def test_gqa_decoder_with_a_growing_mask_replays_the_memo(gqa):
     checked = ok.InferenceSession.builder().providers(["cpu"]).option(
         "decode.verify", "1").load(str(gqa.model_path))
     for a, b in zip(_gqa_memo_loop(checked, gqa, 6)[0], logits):
-        np.testing.assert_array_equal(a, b)
+        _same_up_to_summation_order(a, b)
     assert checked.decode_memo_counts() == (1, 1, 5, 0)
 
 
@@ -413,7 +413,13 @@ def test_gqa_decoder_captures_once_and_replays_every_growing_step(gqa):
     for a, b in zip(got, _gqa_memo_loop(
             ok.InferenceSession.builder().providers(["cpu"]).load(str(gqa.model_path)), gqa,
             31)[0]):
-        np.testing.assert_array_equal(a, b)
+        _same_up_to_summation_order(a, b)
+
+
+def _same_up_to_summation_order(a, b):
+    """Replays run kernels specialised for the step's shapes (a GEMM over a prepacked
+    weight), a first-sight plain run the generic ones: the sums may round differently."""
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 # --- a torch.onnx export of a transformers decoder with past key values --------------------

@@ -437,3 +437,60 @@ def test_a_view_whose_shape_input_is_bound_is_never_elided():
         np.testing.assert_array_equal(y, np.arange(6).reshape((2, 3) if step % 2 else (3, 2)))
     assert s.decode_memo_counts() == (1, 0, 5, 0)
     assert s.decode_view_plan_counts() == (5 * 2, 0)
+
+
+def _weight_through_a_view():
+    """y = MatMul(x, Reshape(w, [4, 3])) and z = MatMul(y, Transpose(kv)) over a growing kv:
+    w a bound weight whose contents change (its Reshape is an elided view: a plan constant
+    that is still live), kv a growing binding."""
+    nodes = [
+        helper.make_node("Reshape", ["w", "shape"], ["wm"]),
+        helper.make_node("MatMul", ["x", "wm"], ["y"]),
+        helper.make_node("Transpose", ["kv"], ["kvt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["y", "kvt"], ["z"]),
+        helper.make_node("Concat", ["kv", "y"], ["kv_out"], axis=0),
+    ]
+    return make_model(
+        nodes,
+        [tensor_info("x", TensorProto.FLOAT, [1, 4]), tensor_info("w", TensorProto.FLOAT, [12]),
+         tensor_info("kv", TensorProto.FLOAT, ["n", 3])],
+        [tensor_info("z", TensorProto.FLOAT, [1, "m"]),
+         tensor_info("kv_out", TensorProto.FLOAT, ["m", 3])],
+        {"shape": np.array([4, 3], np.int64)}, opset=17)
+
+
+def test_replays_specialise_their_plan_and_never_bake_a_live_binding_in():
+    s = _session(_weight_through_a_view())
+    w = s.allocate_device_binding("w", None, ok.DataType.FLOAT, (12,), (12,))
+    kv = s.allocate_device_binding("kv", "kv_out", ok.DataType.FLOAT, (16, 3), (1, 3))
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((1, 3)).astype(np.float32)
+    kv.write(cache)
+    for _ in range(8):
+        weight = rng.standard_normal(12).astype(np.float32)
+        w.write(weight)  # the same buffer, new contents, every step
+        x = rng.standard_normal((1, 4)).astype(np.float32)
+        z, _ = s.run_with_device_bindings({"x": x}, [w, kv])
+        y = x @ weight.reshape(4, 3)
+        np.testing.assert_allclose(z, y @ cache.T, rtol=1e-5, atol=1e-6)
+        cache = np.concatenate([cache, y])
+        np.testing.assert_allclose(kv.read(), cache, rtol=1e-5, atol=1e-6)
+    assert s.decode_memo_counts() == (1, 0, 7, 0)
+    plan = s._decode_memo._entry.view_plan
+    assert plan.specialised and plan.live  # the weight's view is a live constant
+    generic = {st.op_type: st.kernel for st in s._decode_memo._entry.compiled.plan.steps}
+    special = {st.op_type: st.kernel for st in plan.compiled.plan.steps}
+    # specialised for its shapes, yet not a product over a baked-in weight
+    assert special["MatMul"] is not generic["MatMul"]
+    assert "_specialize_matmul" not in special["MatMul"].__qualname__
+
+
+def test_specialize_off_keeps_the_generic_replay_plan():
+    s = _session(_weight_through_a_view(), specialize="0")
+    w = s.allocate_device_binding("w", None, ok.DataType.FLOAT, (12,), (12,))
+    kv = s.allocate_device_binding("kv", "kv_out", ok.DataType.FLOAT, (16, 3), (1, 3))
+    kv.write(np.ones((1, 3), np.float32))
+    w.write(np.arange(12, dtype=np.float32))
+    for _ in range(4):
+        s.run_with_device_bindings({"x": np.ones((1, 4), np.float32)}, [w, kv])
+    assert not s._decode_memo._entry.view_plan.specialised

@@ -46,7 +46,7 @@ from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
 from onnxkiln.plan import Plan, Step, lifetimes
 from onnxkiln.pool import run_scope
-from onnxkiln.specialize import SpecializationCache
+from onnxkiln.specialize import PlanSpecializer, Specialization, SpecializationCache
 from onnxkiln.trace import TraceContext
 from onnxkiln.validation import InputValidator
 
@@ -76,8 +76,7 @@ class _Entry:
         self.views = views
         self.shapes = shapes
         self.checks = checks
-        # (key, compiled without the elided steps, steps elided, re-sliced views)
-        self.view_plan: tuple[tuple, CompiledPlan | None, int, list[Reslice]] | None = None
+        self.view_plan: _ViewPlan | None = None
         self.base = list(shapes)  # the bound inputs' logical shapes when it was built
         self.plain_shapes: dict[int, tuple[int, ...]] = {}
         self.plain_now: tuple = ()  # this step's plain shapes, grown dims as None
@@ -104,6 +103,23 @@ class _Entry:
         return True
 
 
+@dataclasses.dataclass(eq=False)
+class _ViewPlan:
+    """What replays with one view-plan key run: the entry's plan without the elided steps
+    (and, from its second replay, specialised for the shapes it keeps, guarded where they
+    move), the steps elided, the re-sliced views, and the constants that are views of bound
+    buffers (`live`: their contents change, so nothing is folded from them)."""
+
+    key: tuple
+    compiled: CompiledPlan
+    elided: int
+    cuts: list[Reslice]
+    live: frozenset[int]
+    copy: list[bool]  # output copy flags
+    runs: int = 0
+    specialised: bool = False
+
+
 class DecodeMemo:
     """One session's decode memo: the path of `run_with_device_bindings` and its counters.
 
@@ -117,7 +133,7 @@ class DecodeMemo:
     def __init__(self, validator: InputValidator, cache: SpecializationCache,
                  bindings: SessionBindings, output_names: Sequence[str],
                  copy_outputs: Sequence[bool], threads: int | None, graph_name: str,
-                 options: Mapping[str, str]) -> None:
+                 options: Mapping[str, str], graph: Any = None) -> None:
         self._validator = validator
         self._cache = cache
         self._bindings = bindings
@@ -127,6 +143,11 @@ class DecodeMemo:
         self._graph_name = graph_name or "main"
         self.enabled = options.get("decode.memo", "1") != "0"
         self.verify = options.get("decode.verify", "0") == "1"
+        # the model graph replays specialise their plan against; None with specialize=0,
+        # and under decode.verify, which compares replays bit for bit with the ordinary
+        # path's generic kernels (a specialised GEMM may sum in another order)
+        self._graph = graph if options.get("specialize", "1") != "0" and not self.verify \
+            else None
         self._lock = threading.Lock()
         self._entry: _Entry | None = None
         self._primed = self._rebuilt = self._replayed = self._ineligible = 0
@@ -223,9 +244,10 @@ class DecodeMemo:
                 return compiled.hooked(values, hooks)
             return compiled(values)
 
-    def _finish(self, outputs: list[Any]) -> list[Any]:
+    def _finish(self, outputs: list[Any], copy: Sequence[bool] | None = None) -> list[Any]:
+        copy = self._copy_outputs if copy is None else copy
         for i, value in enumerate(outputs):
-            if isinstance(value, np.ndarray) and self._copy_outputs[i]:
+            if isinstance(value, np.ndarray) and copy[i]:
                 outputs[i] = value.copy()
         return outputs
 
@@ -276,17 +298,23 @@ class DecodeMemo:
         if entry.checks:
             self._check_dims(entry, values, shapes)
         key = (frozenset(stable), entry.plain_now)
-        plan, cuts = entry.view_plan, []
-        if plan is None or plan[0] != key or not all(c.source.holds(bindings) for c in plan[3]):
+        plan, cuts, copy = entry.view_plan, [], self._copy_outputs
+        if plan is None or plan.key != key or not all(c.source.holds(bindings)
+                                                      for c in plan.cuts):
             outputs = self._record_view_plan(entry, key, values, bindings, shapes, trace)
             self._views_reused += len(stable)
         else:
-            compiled, elided, cuts = plan[1] or entry.compiled, plan[2], plan[3]
+            cuts = plan.cuts
             if cuts:  # views of growing buffers: re-sliced, not dispatched
                 values = [*values, *(c.source.value(bindings) for c in cuts)]
-            outputs = self._execute(compiled, values, trace)
-            self._views_reused += len(stable) + elided
-            self._elided += elided
+            plan.runs += 1
+            if plan.runs == 2 and self._graph is not None:
+                outputs = self._specialise(entry, plan, values, trace)
+            else:
+                outputs = self._execute(plan.compiled, values, trace)
+            copy = plan.copy
+            self._views_reused += len(stable) + plan.elided
+            self._elided += plan.elided
         self._bindings.write_back(outputs, bindings, entry.appended)
         if cuts and not appends_held(cuts, bindings, shapes):
             # an append added another count than when the views were cut: the step again on
@@ -295,7 +323,29 @@ class DecodeMemo:
             for b, shape in zip(bindings, shapes):
                 b.set_logical_shape(shape)
             return self._ordinary(feeds, bindings, _views(bindings), trace)[0]
-        return self._finish(outputs)
+        return self._finish(outputs, copy)
+
+    def _specialise(self, entry: _Entry, plan: _ViewPlan, values: list[Any],
+                    trace: TraceContext | None) -> list[Any]:
+        """Run the view plan recording its steps' shapes, and specialise it for them: the
+        kernels built for those shapes, guarded on every value whose shape follows a
+        growing length (the generic kernel runs when one moved), shape arithmetic of the
+        shapes that stay folded (onnxkiln.specialize)."""
+        stable = plan.key[0]
+        varying = {pos for i, pos in enumerate(entry.input_slots)
+                   if pos is not None and i not in stable}
+        varying |= {pos for pos, shape in plan.key[1] if None in shape}
+        varying |= {c.slot for c in plan.cuts}
+        specializer = PlanSpecializer(plan.compiled, self._graph, frozenset(varying), plan.live)
+        recorder = specializer.recorder()
+        outputs = self._execute(plan.compiled, values, trace, recorder)
+        built = Specialization(plan.key)
+        specializer.build(recorder, built)
+        if built.kernels or built.folded:
+            plan.compiled = built.compiled
+            plan.copy = [a or b for a, b in zip(plan.copy, built.copy_outputs)]
+            plan.specialised = True
+        return outputs
 
     def _record_view_plan(self, entry: _Entry, key: tuple, values: list[Any],
                           bindings: list[DeviceIoBinding], shapes: list[tuple[int, ...]],
@@ -316,7 +366,9 @@ class DecodeMemo:
         elided = _confirmed(plan, slots, recorder.outs)
         cuts = resliced(plan, sources, bindings, shapes, recorder.outs, more)
         compiled = elide_steps(entry.compiled, elided, cuts) if elided or cuts else None
-        entry.view_plan = (key, compiled, len(elided) + len(cuts), list(cuts.values()))
+        live = frozenset(s for step, _ in elided.values() for s in step.outputs if s is not None)
+        entry.view_plan = _ViewPlan(key, compiled or entry.compiled, len(elided) + len(cuts),
+                                    list(cuts.values()), live, list(self._copy_outputs))
         return outputs
 
     def _check_dims(self, entry: _Entry, values: list[Any], shapes: list[tuple[int, ...]]

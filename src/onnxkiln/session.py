@@ -138,7 +138,8 @@ class InferenceSession:
         self._graphs = self._device_graphs()
         self._decode_memo = DecodeMemo(self._validator, self._cache, self._bindings,
                                        [m.name for m in self._outputs], self._copy_outputs,
-                                       self._threads, self._model.graph.name, self._options)
+                                       self._threads, self._model.graph.name, self._options,
+                                       model.graph)
         self._bindings.release_hooks += [self._decode_memo.forget, self._graphs.forget]
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
         self._pruned_plans: dict[tuple[int, ...], CompiledPlan] = {}  # outputs= selections

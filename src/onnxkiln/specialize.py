@@ -37,7 +37,7 @@ from onnxkiln.providers.base import CaptureSupport
 from onnxkiln.types import CacheStats
 
 __all__ = ["PlanSpecializer", "SignatureFacts", "Specialization", "SpecializationCache",
-           "signature_facts"]
+           "signature_facts", "specialized_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +70,16 @@ class SignatureFacts:
     varying: frozenset[int]
 
 
-def signature_facts(plan: Plan, graph: ir.Graph | None) -> SignatureFacts:
-    """Which steps the input signature decides, and which shapes follow data."""
-    static: set[int] = set(plan.constants)
-    varying: set[int] = set()
+def signature_facts(plan: Plan, graph: ir.Graph | None,
+                    varying_inputs: frozenset[int] = frozenset(),
+                    live: frozenset[int] = frozenset()) -> SignatureFacts:
+    """Which steps the input signature decides, and which shapes follow data.
+
+    `varying_inputs`: input slots whose shape may change between runs (a decode memo's
+    growing lengths); `live`: constants whose contents may change (views of persistent
+    buffers): neither is ever folded."""
+    static: set[int] = set(plan.constants) - live
+    varying: set[int] = set(varying_inputs)
     per_step: list[bool] = []
     nodes = list(graph) if graph is not None else []  # graph.node(i) walks the list each time
     for step in plan.steps:
@@ -240,13 +246,20 @@ def _frozen_copy(v: np.ndarray) -> np.ndarray:
 class PlanSpecializer:
     """Builds the specialised plans of one compiled plan (module docstring)."""
 
-    def __init__(self, compiled: CompiledPlan, graph: ir.Graph | None) -> None:
+    def __init__(self, compiled: CompiledPlan, graph: ir.Graph | None,
+                 varying_inputs: frozenset[int] = frozenset(),
+                 live: frozenset[int] = frozenset()) -> None:
         self.compiled = compiled
-        self.facts = signature_facts(compiled.plan, graph)
+        self.live = live  # constants no kernel may bake in (their contents change)
+        self.facts = signature_facts(compiled.plan, graph, varying_inputs, live)
+
+    def recorder(self) -> _Recorder:
+        """Step hooks recording what a specialisation needs, for a run of the generic plan."""
+        return _Recorder(self.compiled.plan, self.facts)
 
     def record(self, values: Sequence[Any]) -> tuple[list[Any], _Recorder]:
         """Run the generic plan once, recording what a specialisation needs."""
-        recorder = _Recorder(self.compiled.plan, self.facts)
+        recorder = self.recorder()
         return self.compiled.hooked(values, recorder), recorder
 
     def build(self, recorder: _Recorder, entry: Specialization) -> None:
@@ -254,6 +267,7 @@ class PlanSpecializer:
         plan = self.compiled.plan
         folded = recorder.folded
         constants = {**plan.constants, **folded}
+        fixed = {s: v for s, v in constants.items() if s not in self.live}
         steps: list[Step] = []
         guards: dict[int, Guard] = {}
         kernels = 0
@@ -261,7 +275,7 @@ class PlanSpecializer:
             if self.facts.static[i] and all(s in folded for s in _written(step)):
                 continue
             seen = recorder.inputs.get(i)
-            special = None if seen is None else _specialize_step(step, seen, constants)
+            special = None if seen is None else specialized_kernel(step, seen, fixed)
             if special is not None:
                 shapes = tuple((s, shape) for s, shape in zip(step.inputs, seen[1])
                                if s is not None and s in self.facts.varying and shape is not None)
@@ -289,7 +303,7 @@ def _written(step: Step) -> list[int]:
             if s is not None]
 
 
-def _specialize_step(step: Step, seen: tuple[tuple, tuple], constants: dict[int, Any]):
+def specialized_kernel(step: Step, seen: tuple[tuple, tuple], constants: dict[int, Any]):
     """The kernel's specialised callable for the recorded inputs, or None."""
     specialize = getattr(step.kernel, "specialize", None)
     if specialize is None and step.spec.specialize is not None:
