@@ -102,12 +102,12 @@ class DeviceGraphs:
                 ", ".join(repr(b.input_name) for b in bound.values() if slot_of[b.input_name]
                           in growing), ctx.device_provider, ctx.fallback_reasons,
                 frozenset(bound))
-            found = growing, capture.audit(plan, ctx.graph, facts)
+            found = growing, grown, capture.audit(plan, ctx.graph, facts)
             if not self._unsure:  # a guess at an empty cache is not kept for later lengths
                 if len(self._audits) >= _AUDITS_KEPT:
                     self._audits.pop(next(iter(self._audits)))
                 self._audits[key] = found
-        growing, audit = found
+        growing, grown, audit = found
         refused = self._refusal(audit)
         if refused is not None:
             return refused
@@ -121,7 +121,7 @@ class DeviceGraphs:
         else:
             outputs = compiled.hooked(values, hooks)
         recorder.values.update(zip(plan.input_slots, values))
-        self._install(plan, audit, recorder.values, values, bindings, bound, growing,
+        self._install(plan, audit, recorder.values, values, bindings, bound, growing, grown,
                       in_place, slot_of)
         self.segments = max(audit.segment_count(), 1)
         self.segmentation = list(audit.declines)
@@ -191,7 +191,8 @@ class DeviceGraphs:
     def _install(self, plan: Plan, audit: capture.Audit, recorded: dict[int, Any],
                  values: list[Any], bindings: Sequence[DeviceIoBinding],
                  bound: dict[int, DeviceIoBinding], growing: dict[int, int],
-                 in_place: frozenset[str], slot_of: dict[str, int]) -> None:
+                 grown: frozenset[int], in_place: frozenset[str],
+                 slot_of: dict[str, int]) -> None:
         baked = dict(plan.constants)
         for i, st in enumerate(plan.steps):
             if audit.static[i]:
@@ -203,7 +204,7 @@ class DeviceGraphs:
         inp = replay.PartsInput(plan, audit, recorded, baked, stable,
                                 _changing_conditions(plan, self._ctx.graph, audit, baked),
                                 lambda st: _safe_kernel(st, self._nodes(), word),
-                                self._recorder_for())
+                                self._recorder_for(), grown)
         parts = replay.build_parts(inp)
         host = replay.HostReplay(parts, plan) if inp.record is None else None
         self._installed = _Installed(

@@ -33,6 +33,7 @@ from onnxkiln.errors import CaptureError, SessionError
 from onnxkiln.executor import CompiledPlan
 from onnxkiln.plan import Plan, Step, lifetimes
 from onnxkiln.providers.base import KernelSpec
+from onnxkiln.specialize import specialized_kernel
 from onnxkiln.trace import TraceContext
 
 __all__ = ["HostReplay", "LazyPlan", "Part", "Recorder", "build_parts", "run_parts"]
@@ -253,6 +254,7 @@ class PartsInput:
     cond_slots: dict[int, int]  # step index of an If with a changing condition -> its slot
     kernel_for: Callable[[Step], Any]  # the capture-safe kernel of a recorded step
     record: Callable[..., Any] | None = None  # CUDA: (compiled, args, stable) -> Segment
+    grown: frozenset[int] = frozenset()  # slots whose shape follows a growing binding
 
 
 def build_parts(inp: PartsInput) -> list[Part]:
@@ -300,9 +302,15 @@ def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[
     stable = inp.stable | from_segment.keys()
     part.guards = [(k, tuple(inp.values[s].shape)) for k, s in enumerate(part.entry)
                    if s not in stable and hasattr(inp.values[s], "shape")]
-    safe = [dataclasses.replace(st, kernel=inp.kernel_for(st)) for st in steps]
+    safe, special = [], set()
+    for st in steps:
+        kernel = inp.kernel_for(st)
+        fixed = _fixed_shapes(st, inp) if kernel is st.kernel and inp.record is None else None
+        if fixed is not None:  # not a capture-safe variant: specialised for its shapes
+            special.add(len(safe))
+        safe.append(fixed or dataclasses.replace(st, kernel=kernel))
     if inp.record is None:
-        safe = _preallocated(safe, inp.values, consts, part.entry)
+        safe = _preallocated(safe, inp.values, consts, part.entry, special)
         part.run = LazyPlan(plan, safe, part.entry, part.exit, consts)
         return
     if all(st.op_type == "MemcpyFromHost" for st in steps):
@@ -312,16 +320,35 @@ def _make_captured(part: Part, inp: PartsInput, steps: list[Step], consts: dict[
     part.run = inp.record(compiled, args, [s in stable for s in part.entry], part)
 
 
+def _fixed_shapes(step: Step, inp: PartsInput) -> Step | None:
+    """The step with its kernel specialised for the capture's input shapes, or None. Only
+    when none of them follows a growing binding: a segment's entry shapes are checked
+    before it runs, and the steps inside are shape-deterministic (what is not is a seam)."""
+    if isinstance(step.kernel, np.ufunc) or any(s is not None and s in inp.grown
+                                                for s in step.inputs):
+        return None
+    ins = [None if s is None else inp.baked[s] if s in inp.baked else inp.values.get(s)
+           for s in step.inputs]
+    if any(s is not None and not isinstance(v, np.ndarray) for s, v in zip(step.inputs, ins)):
+        return None
+    seen = (tuple(getattr(v, "dtype", None) for v in ins),
+            tuple(getattr(v, "shape", None) for v in ins))
+    special = specialized_kernel(step, seen, inp.baked)
+    return None if special is None else dataclasses.replace(step, kernel=special)
+
+
 def _preallocated(steps: list[Step], values: dict[int, Any], consts: dict[int, Any],
-                  entry: Sequence[int]) -> list[Step]:
-    """Elementwise steps (ufuncs, kernels taking `out=`) write into their capture-time
-    output buffer: one the step owns alone, never an input, constant or other buffer."""
+                  entry: Sequence[int], special: set[int]) -> list[Step]:
+    """Elementwise steps (ufuncs, kernels taking `out=`; not the `special`ised ones) write
+    into their capture-time output buffer: one the step owns alone, never an input,
+    constant or other buffer."""
     foreign = {id(values[s]) for s in entry} | {id(v) for v in consts.values()}
     taken: set[int] = set()
     out = []
-    for st in steps:
+    for i, st in enumerate(steps):
         buf = values.get(st.outputs[0]) if st.outputs and st.outputs[0] is not None else None
-        takes_out = isinstance(st.kernel, np.ufunc) or bool(st.spec.inplace)
+        takes_out = i not in special and (isinstance(st.kernel, np.ufunc)
+                                          or bool(st.spec.inplace))
         if (takes_out and not st.spec.multi_output and type(buf) is np.ndarray
                 and buf.base is None and buf.flags.writeable and buf.flags.c_contiguous
                 and id(buf) not in foreign and id(buf) not in taken):
