@@ -276,7 +276,8 @@ class _Loop:
                 continue
             token = self.sampling.choose(row, self.seen[b], self.rng)
             self.out[b].append(token)
-            self.seen[b] = np.append(self.seen[b], token)
+            if self.sampling.repetition_penalty != 1.0:  # the only reader of `seen`
+                self.seen[b] = np.append(self.seen[b], token)
             emitted.append(token)
             if token in self.stops:
                 self.reasons[b] = "stop"
