@@ -340,7 +340,7 @@ def test_the_docs_page_example_runs():
     code = re.search(r"```python\n(.*?)```", page.read_text(), re.DOTALL).group(1)
     scope: dict = {}
     exec(compile(code, "generate.md", "exec"), scope)
-    assert scope["result"].path == "bound" and scope["result"].counters["memo_replayed"] >= 5
+    assert scope["result"].path == "captured" and scope["result"].counters["replays"] >= 5
     assert [len(t) for t in scope["sampled"].tokens] == [8, 8]
 
 
@@ -417,7 +417,8 @@ def test_bindings_refused_fall_back_to_plain_run(monkeypatch, zoo_folder):
 
     monkeypatch.setattr(session, "allocate_device_binding", refuse)
     result = generate(session, [5, 6, 7], max_new_tokens=5, eos_token_id=None)
-    assert result.path == "plain" and result.fallbacks == ["bound: no bindings on this provider"]
+    assert result.path == "plain" and result.fallbacks == [
+        "captured: no bindings on this provider", "bound: no bindings on this provider"]
     assert result.tokens[0] == _ref(zoo_folder, [5, 6, 7], 5)
 
 

@@ -6,9 +6,9 @@
     result.path                 # "captured", "bound" or "plain": what ran the decode steps
 
 The loop keeps the KV cache in device bindings (`run_with_device_bindings`: the present is
-written into the past's buffer, O(1) per token), so the decode memo replays every step; on a
-device (and with `path="captured"`) the decode step is recorded once and replayed. On the CPU
-a replay measured within noise of the memo (bench/decode_real.py), so "auto" binds there.
+written into the past's buffer, O(1) per token), and the decode step is recorded once and
+replayed ("auto"; on the CPU too: a host replay runs kernels specialised for the step's
+shapes, measured faster than the memo and than plain runs in bench/decode_real.py).
 Where a faster path does not apply it falls back (bindings refused: plain `run`; capture
 declined: the bound step) and says why in `GenerateResult.fallbacks`. Input names and the
 KV layout come from onnxruntime-genai's `genai_config.json` beside the model when there is
@@ -167,8 +167,8 @@ def generate(model: Any, prompt: Any, *, max_new_tokens: int | None = None,
             `seed`): the same seed gives the same tokens.
         callback: called after every step as `callback(step, tokens)` with each row's new
             token (pad for stopped rows); returning False stops generation.
-        path: "auto" ("bound" on the CPU, "captured" on a device), "captured" (the decode
-            step recorded once and replayed), "bound" (KV bindings, the decode memo) or
+        path: "auto" (as "captured"), "captured" (the decode step recorded once and
+            replayed), "bound" (KV bindings, the decode memo) or
             "plain" (`run`); each falls back to the next where it does not apply.
         capacity: KV positions to allocate (default prompt plus new tokens).
         config, layout: where the names and KV layout come from (see `load_decoder`).
@@ -212,8 +212,8 @@ class _Loop:
         self.fallbacks: list[str] = []
 
     def run(self, path: str, new: int) -> GenerateResult:
-        if path == "auto":  # replays pay off on a device; on the CPU the memo is as fast
-            path = "bound" if str(self.session.device_id()) == "cpu" else "captured"
+        if path == "auto":
+            path = "captured"
         kinds = {"captured": ["captured", "bound", "plain"], "bound": ["bound", "plain"],
                  "plain": ["plain"]}[path]
         start = time.perf_counter()
