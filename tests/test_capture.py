@@ -102,6 +102,24 @@ def test_cpu_replay_writes_elementwise_steps_into_their_capture_buffers():
     np.testing.assert_array_equal(buffers["Tanh"], yb.read())  # the replay wrote into it
 
 
+def test_cpu_replay_runs_kernels_specialised_for_the_capture_shapes():
+    s = _session(_mlp())
+    xb = s.allocate_device_binding("x", None, F, (4, 8), (4, 8))
+    yb = s.allocate_device_output_binding("y", F, (4, 4), (4, 4))
+    xb.write(np.ones((4, 8), np.float32))
+    assert s.try_capture_with_device_bindings({}, [xb, yb]).captured
+    generic = [st.kernel for st in s._compiled.plan.steps if st.op_type == "MatMul"]
+    replayed = [st.kernel for st in s._graphs._installed.parts[0].run.plan.steps
+                if st.op_type == "MatMul"]
+    assert replayed and not set(replayed) & set(generic)
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        x = rng.standard_normal((4, 8)).astype(np.float32)
+        xb.write(x)
+        assert s.replay_device_graph([xb, yb])
+        np.testing.assert_allclose(yb.read(), s.run({"x": x})[0], rtol=1e-6, atol=1e-7)
+
+
 def test_plain_inputs_are_frozen_at_capture():
     nodes = [oh.make_node("Add", ["x", "b"], ["y"])]
     m = _model(nodes, [_vi("x", T.FLOAT, [3]), _vi("b", T.FLOAT, [3])], [_vi("y", T.FLOAT, [3])])

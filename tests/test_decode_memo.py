@@ -494,3 +494,18 @@ def test_specialize_off_keeps_the_generic_replay_plan():
     for _ in range(4):
         s.run_with_device_bindings({"x": np.ones((1, 4), np.float32)}, [w, kv])
     assert not s._decode_memo._entry.view_plan.specialised
+
+
+def test_bindings_that_passed_the_checks_are_checked_again_when_the_inputs_change(gpt):
+    s = _session(gpt)
+    _, binds = _gpt_loop(s, steps=2)  # these bindings and names passed the checks
+    past = np.zeros((1, HEADS, 1, DIM), np.float32)
+    with pytest.raises(ok.DeviceBindingError, match="both given in inputs and bound"):
+        s.run_with_device_bindings({"input_ids": np.array([[1]], np.int64),
+                                    "past_key_0": past}, binds)
+    with pytest.raises(ok.DeviceBindingError, match="bound twice"):
+        s.run_with_device_bindings({"input_ids": np.array([[1]], np.int64)},
+                                   [*binds, binds[0]])
+    other = _session(gpt)
+    with pytest.raises(ok.DeviceBindingError, match="another session"):
+        other.run_with_device_bindings({"input_ids": np.array([[1]], np.int64)}, binds)
