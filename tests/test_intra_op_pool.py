@@ -170,8 +170,9 @@ def test_blas_runs_single_threaded_inside_runs_and_is_restored_after():
     assert threads.blas_threads() == before
 
 
-def test_split_matmul_matches_the_single_call_bit_for_bit():
-    """Column splits (what the GEMM kernels do) give the same bits as one BLAS call."""
+def test_split_matmul_matches_the_single_call():
+    """Column splits (what the GEMM kernels do) give one BLAS call's result: bit for bit on
+    most BLAS builds, to rounding on some (OpenBLAS 0.3.31 on an AMD EPYC)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((37, 129), dtype=np.float32)
     b = rng.standard_normal((129, 301), dtype=np.float32)
@@ -183,7 +184,7 @@ def test_split_matmul_matches_the_single_call_bit_for_bit():
                                             out=y[:, bounds[i]:bounds[i + 1]]))
     finally:
         run_leave(previous)
-    np.testing.assert_array_equal(y, a @ b)
+    np.testing.assert_allclose(y, a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_a_pool_whose_workers_do_not_keep_up_runs_inline_for_a_while(monkeypatch):

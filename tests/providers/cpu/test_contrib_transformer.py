@@ -401,7 +401,7 @@ def test_attention_4d_mask_share_buffer_rotary():
     ref = run_ort(ms_model("Attention", feeds3, outs=("y", "pr"), num_heads=N, unidirectional=1),
                   feeds3)
     close(got[0], ref[0], 1e-5)
-    close(got[1], ref[1], 0)
+    close(got[1], ref[1], 1e-6)  # the K/V projections: BLAS and onnxruntime's MLAS round apart
     # past_present_share_buffer: present is the past buffer with rows [P, P + S) replaced
     feeds = {"x": x, "w": w, "b": bias, "p": past_full, "psl": np.array([p], np.int32)}
     model = ms_model("Attention", feeds, ["x", "w", "b", "", "p", "", "psl"], ("y", "pr"),

@@ -109,7 +109,9 @@ def test_gemm_specialised_and_split(trans_a, trans_b, alpha, beta, c_shape, thre
                             beta=beta)
     model = make_model([node], [tensor_info("a", np.float32, list(a.shape))],
                        [tensor_info("y", np.float32, [m, n])], inits)
-    entry = _check(model, {"a": a}, threads, exact=True, rtol=1e-4, atol=1e-4)
+    # split across threads, some BLAS builds round chunks differently from one call (seen:
+    # OpenBLAS 0.3.31 on AMD EPYC): bit for bit only on one thread
+    entry = _check(model, {"a": a}, threads, exact=threads == 1, rtol=1e-4, atol=1e-4)
     assert _variants(entry)[0] == ("gemm.blas_split" if threads == 2 else "gemm.blas")
 
 

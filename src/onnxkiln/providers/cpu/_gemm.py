@@ -136,8 +136,9 @@ Product = Callable[[np.ndarray], np.ndarray]
 
 def timed_split(whole: Product, split: Product | None) -> Product:
     """call(a): `whole` for the first two calls, the second timed; from then on `split` if
-    that call took SPLIT_MIN_S or more, else `whole`. Both compute the same bits (column
-    splits), so the choice never changes a result."""
+    that call took SPLIT_MIN_S or more, else `whole`. Column splits give the same bits as
+    one call on most BLAS builds, not on all: OpenBLAS 0.3.31 (DYNAMIC_ARCH) on an AMD EPYC
+    rounds some chunks' sums differently, so there the choice moves results by rounding."""
     if split is None or active_threads() < 2:
         return whole
     if SPLIT_MIN_S <= 0:
