@@ -490,6 +490,7 @@ class SessionBindings:
         self.plans = plans
         self.release_hooks: list[Callable[[DeviceIoBinding], None]] = []  # memo, capture
         self._passed: tuple[tuple, tuple] = ((), ())  # the last bindings and names check passed
+        self._written: tuple[tuple, list] = ((), [])  # the last bindings written back, by output
 
     def allocate(self, input_name: str | None, output_name: str | None, dtype: Any,
                  physical: Sequence[int], logical: Sequence[int]) -> DeviceIoBinding:
@@ -512,6 +513,8 @@ class SessionBindings:
         self.plans.forget(binding)
         if any(b is binding for b in self._passed[0]):
             self._passed = ((), ())
+        if any(b is binding for b in self._written[0]):
+            self._written = ((), [])
         for hook in self.release_hooks:
             hook(binding)
 
@@ -555,11 +558,13 @@ class SessionBindings:
                    in_place: frozenset[str]) -> None:
         """Store each bound output in its binding (those written in place are there
         already), set its logical shape, and leave None in its place in `outputs`."""
-        bound = {b.output_name: b for b in bindings if b.output_name}
-        for i, meta in enumerate(self._outputs):
-            b = bound.get(meta.name)
-            if b is None:
-                continue
+        last, pairs = self._written
+        if len(bindings) != len(last) or not all(map(operator.is_, bindings, last)):
+            bound = {b.output_name: b for b in bindings if b.output_name}
+            pairs = [(i, meta, bound[meta.name]) for i, meta in enumerate(self._outputs)
+                     if meta.name in bound]
+            self._written = (tuple(bindings), pairs)
+        for i, meta, b in pairs:
             value, outputs[i] = outputs[i], None
             shape = tuple(value.shape)
             if meta.name not in in_place:
