@@ -8,7 +8,7 @@
 The loop keeps the KV cache in device bindings (`run_with_device_bindings`: the present is
 written into the past's buffer, O(1) per token), and the decode step is recorded once and
 replayed ("auto"; on the CPU too: a host replay runs kernels specialised for the step's
-shapes, measured faster than the memo and than plain runs in bench/decode_real.py).
+shapes, the fastest bound path in bench/decode_real.py).
 Where a faster path does not apply it falls back (bindings refused: plain `run`; capture
 declined: the bound step) and says why in `GenerateResult.fallbacks`. Input names and the
 KV layout come from onnxruntime-genai's `genai_config.json` beside the model when there is
