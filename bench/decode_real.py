@@ -16,6 +16,9 @@ Modes, each the same greedy decode of `--tokens` tokens after one prompt:
   ort-loop     onnxruntime, the plain Python loop (`bench.genai_models.greedy`, timed)
   og           onnxruntime-genai's Generator driven with token ids
   ok-plain     onnxkiln, the same plain loop through `run`
+  ok-plain-cold  the same on a new session each round (created before the timed call): no
+               specialisation from an earlier round's identical signatures, as a loop at a
+               prompt length the session has not seen runs
   ok-bound     onnxkiln.generate path="bound", option decode.memo=0 (KV bindings only)
   ok-memo      onnxkiln.generate path="bound" (KV bindings and the decode memo)
   ok-captured  onnxkiln.generate path="captured" (the step captured once, then replayed)
@@ -54,7 +57,8 @@ import onnxkiln as ok
 from bench import genai_models as gm
 from onnxkiln.generation import generate
 
-MODES = ("ort-loop", "og", "ok-plain", "ok-bound", "ok-memo", "ok-captured", "ok-generate")
+MODES = ("ort-loop", "og", "ok-plain", "ok-plain-cold", "ok-bound", "ok-memo", "ok-captured",
+         "ok-generate")
 DEFAULT_MODELS = ("llama-fp32", "llama-int4", "qwen2-fp32", "qwen2-int4", "phi3-fp32",
                   "phi3-int4", "gpt2-export")
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -254,12 +258,22 @@ def make_modes(folder: Path, threads: int, device: str, steps: int,
     def loop(session: Any) -> Callable:
         return lambda: timed_greedy(session, io, PROMPT, steps)
 
+    def cold(new_session: Callable[[], Any]) -> Callable:
+        held: list[Any] = []
+
+        def run() -> tuple[list[int], list[float]]:
+            return timed_greedy(held.pop(), io, PROMPT, steps)
+
+        run.prepare = lambda: held.append(new_session())  # untimed, before each call
+        return run
+
     factories: dict[str, Callable[[], Callable]] = {
         "ort-loop": lambda: loop(_ort_session(io, threads, device)),
         "og": lambda: _og_runner(folder, threads, device, steps,
                                  gm.greedy(_ort_session(io, threads, device), folder, PROMPT,
                                            steps)),
         "ok-plain": lambda: loop(_ok_session(io, threads, device)),
+        "ok-plain-cold": lambda: cold(lambda: _ok_session(io, threads, device)),
         "ok-bound": lambda: gen(_ok_session(io, threads, device, memo=False), "bound"),
         "ok-memo": lambda: gen(_ok_session(io, threads, device), "bound"),
         "ok-captured": lambda: gen(_ok_session(io, threads, device), "captured"),
@@ -289,6 +303,9 @@ def measure(folder: Path, threads: int, device: str, steps: int, rounds: int,
         for mode in order:
             if mode in results and "error" in results[mode]:
                 continue
+            prepare = getattr(runs[mode], "prepare", None)
+            if prepare is not None:
+                prepare()
             time.sleep(GAP_S)
             start = time.perf_counter()
             try:

@@ -350,11 +350,12 @@ def test_decode_real_bench_runs_and_agrees_with_onnxruntime(tmp_path, capsys):
 
     out = tmp_path / "rows.json"
     code = decode_real.main(["--models", "llama-fp32", "--hidden", "64", "--tokens", "6",
-                             "--rounds", "1", "--threads", "1", "--modes", "ort-loop",
-                             "ok-plain", "ok-memo", "ok-captured", "--json", str(out)])
+                             "--rounds", "2", "--threads", "1", "--modes", "ort-loop",
+                             "ok-plain", "ok-plain-cold", "ok-memo", "ok-captured", "--json",
+                             str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert code == 0 and {r["mode"] for r in rows} == {"ort-loop", "ok-plain", "ok-memo",
-                                                       "ok-captured"}
+    assert code == 0 and {r["mode"] for r in rows} == {"ort-loop", "ok-plain", "ok-plain-cold",
+                                                       "ok-memo", "ok-captured"}
     assert all(r.get("tokens_match", True) and r["tok_s"] > 0 for r in rows), rows
     assert "x ort-loop" in capsys.readouterr().out
 
