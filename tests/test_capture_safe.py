@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxkiln as ok
-from onnxkiln.bindings import scatter_write_kernel
+from onnxkiln.binding_plans import scatter_write_kernel
 from onnxkiln.plan import Step
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.capture_safe import ViolationWord, capture_safe_kernel, guarded_bit

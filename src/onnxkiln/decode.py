@@ -28,14 +28,13 @@ before it and raises `CaptureError` unless both agree bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import operator
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from onnxkiln.bindings import DeviceIoBinding, SessionBindings, copy_value, store
+from onnxkiln.bindings import DeviceIoBinding, SessionBindings, copy_value, same_objects, store
 from onnxkiln.decode_views import (
     Reslice,
     appends_held,
@@ -68,7 +67,7 @@ class _Entry:
                  input_slots: list[int | None], views: list[Any],
                  shapes: list[tuple[int, ...]], checks: list[tuple[int, int, int]]) -> None:
         self.key = key
-        self.bindings = tuple(bindings)  # held: their ids cannot be reused while in the key
+        self.bindings = tuple(bindings)  # held: a replay matches them by identity
         self.compiled = compiled
         self.appended = appended
         self.template = template
@@ -199,12 +198,9 @@ class DecodeMemo:
         step = self._steps
         self._steps += 1
         entry = self._entry
-        # a binding's names, dtype and physical shape never change: the same objects in the
-        # same order are the same layout
-        if entry is not None and len(bindings) == len(entry.bindings) \
-                and all(map(operator.is_, bindings, entry.bindings)):
+        if entry is not None and same_objects(bindings, entry.bindings):
             values, plain_key, plain_shapes = self._plain(entry, feeds)
-            if plain_key == entry.key[1] and (plain_shapes == entry.plain_shapes or entry.follows(
+            if plain_key == entry.key and (plain_shapes == entry.plain_shapes or entry.follows(
                     plain_shapes, [b.logical_shape for b in bindings])):
                 entry.plain_now = _grown_key(entry.plain_shapes, plain_shapes)
                 if not self.verify:
@@ -266,7 +262,7 @@ class DecodeMemo:
             template[pos] = None
         checks = _dim_checks(self._validator, input_slots)
         plain_key, plain_shapes = _plain_key(self._validator, plain_slot, values)
-        entry = _Entry((_layout(bindings), plain_key), bindings, compiled, appended, template,
+        entry = _Entry(plain_key, bindings, compiled, appended, template,
                        plain_slot, input_slots, list(views), shapes, checks)
         entry.plain_shapes = plain_shapes
         return entry
@@ -519,10 +515,6 @@ def _is_view_of(out: Any, base: Any, step: Step) -> bool:
 
 def _views(bindings: Sequence[DeviceIoBinding]) -> list[Any]:
     return [b.view() if b.input_name else None for b in bindings]
-
-
-def _layout(bindings: Sequence[DeviceIoBinding]) -> tuple:
-    return tuple((b.input_name, b.output_name, b, b.dtype, b.physical_shape) for b in bindings)
 
 
 def _plain_key(validator: InputValidator, slots: Mapping[str, int], values: list[Any]

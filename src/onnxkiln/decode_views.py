@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxkiln.bindings import APPEND_VARIANT, DeviceIoBinding
+from onnxkiln.binding_plans import APPEND_VARIANT
+from onnxkiln.bindings import DeviceIoBinding
 from onnxkiln.plan import Plan, Step
 
 _UPLOAD = ("onnxkiln", "MemcpyFromHost")  # of a bound input on a device: the tensor itself

@@ -15,7 +15,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxkiln import ep_context, ep_context_load, loader, optimizer, sizes, warmup
-from onnxkiln.bindings import BindingPlans, DeviceIoBinding, SessionBindings
+from onnxkiln.binding_plans import BindingPlans
+from onnxkiln.bindings import DeviceIoBinding, SessionBindings
 from onnxkiln.builder import SessionBuilder, check_trace
 from onnxkiln.decode import DecodeMemo
 from onnxkiln.device_graph import CaptureContext, DeviceGraphs
