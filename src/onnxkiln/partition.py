@@ -32,6 +32,7 @@ from onnxkiln.providers.base import (
 from onnxkiln.types import DeviceId, ExecutionProviderFallbackReport, ProviderDecline
 
 __all__ = [
+    "BodyPlacement",
     "Placement",
     "Placer",
     "insert_copies",
@@ -160,18 +161,32 @@ def _cuda_unavailable_reason(wanted: str) -> str | None:
     return None
 
 
+_DEVICE_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_BODY_HOST_INPUTS = {"Loop": (0, 1)}  # iteration_num and cond arrive as host values
+_BODY_HOST_OUTPUTS = {"Loop": frozenset({0})}  # the cond the driver reads
+
+
 @dataclass
 class Placer:
-    """Chooses a provider per node while the plan is built, recording every decline."""
+    """Chooses a provider per node while one graph's plan is built, recording every decline.
+
+    Each graph (the main graph, every subgraph body) gets its own Placer, since slot numbers
+    are per graph; body placers share the declines list. `host_only`: a body run by a host
+    kernel, whose nodes all run on the host.
+    """
 
     placement: Placement
     declines: list[ProviderDecline] = field(default_factory=list)
+    host_only: bool = False
     _shape_slots: set[int] = field(default_factory=set)
     _container_slots: set[int] = field(default_factory=set)  # sequences, optionals
+    _device_bodies: dict[int, frozenset[int]] = field(default_factory=dict)
+    _host_bodies: dict[int, str] = field(default_factory=dict)
+    host_positions: tuple[int, ...] = ()  # input positions that arrive as host values
 
     @property
     def host(self) -> ExecutionProvider:
-        """The host provider (subgraph bodies and Constant nodes always run there)."""
+        """The host provider (Constant nodes and host bodies always run there)."""
         for p in self.placement.providers:
             if p.on_host:
                 return p
@@ -179,23 +194,72 @@ class Placer:
 
         return CpuProvider()
 
+    @property
+    def _device(self) -> ExecutionProvider | None:
+        return next((p for p in self.placement.providers if not p.on_host), None)
+
+    def bodies(self, node_id: int, info: NodeInfo, in_slots: Sequence[int | None],
+               constants: dict[int, Any]) -> BodyPlacement:
+        """Where the subgraph bodies of a node go: on the device with an If/Loop/Scan that
+        the device runs (its decisions read on the host), else on the host. `in_slots`:
+        the node's inputs, then its captured outer values."""
+        reason = self._bodies_stay_on_host(info, in_slots, constants)
+        if reason is not None:
+            if info.domain == "" and info.op_type in _DEVICE_CONTROL_FLOW:
+                self._host_bodies[node_id] = reason
+            return BodyPlacement(self, False, info.op_type, frozenset())
+        host = frozenset(i - info.n_inputs for i, s in enumerate(in_slots)
+                         if i >= info.n_inputs and s in self._shape_slots)
+        self._device_bodies[node_id] = frozenset(info.n_inputs + k for k in host)
+        return BodyPlacement(self, True, info.op_type, host)
+
+    def _bodies_stay_on_host(self, info: NodeInfo, in_slots: Sequence[int | None],
+                             constants: dict[int, Any]) -> str | None:
+        device = self._device
+        if self.host_only or device is None:
+            return "runs on the host"
+        if info.domain != "" or info.op_type not in _DEVICE_CONTROL_FLOW:
+            return "its kernel runs its subgraphs on the host"
+        if any(s in self._container_slots for s in in_slots):
+            return "reads a sequence or optional: those stay on the host"
+        if self._is_shape_math(info, in_slots, constants):
+            return ("shape computation kept on the host, where its inputs are (avoids a "
+                    "device round trip)")
+        node = info.node
+        for attr in (node.attributes.values() if node is not None else ()):
+            if attr.type != ir.AttributeType.GRAPH:
+                continue
+            for v in (*attr.value.inputs, *attr.value.outputs):
+                if v.type is not None and not isinstance(v.type, ir.TensorType):
+                    return (f"its body carries '{v.name}', a {v.type}: sequences and "
+                            "optionals stay on the host")
+        return device.claims(info)
+
     def choose(self, node_id: int, info: NodeInfo, in_slots: Sequence[int | None],
                out_slots: Sequence[int | None], constants: dict[int, Any],
                depth: int) -> tuple[KernelSpec | None, str]:
-        """The kernel spec and provider name for a node; (None, "") when nobody runs it."""
+        """The kernel spec and provider name for a node; (None, "") when nobody runs it.
+        `in_slots`: the node's inputs, then the outer values its subgraphs capture."""
         providers = self.placement.providers
-        if depth > 0 or (info.op_type == "Constant" and info.domain == ""):
+        on_device = not self.placement.providers[0].on_host
+        if self.host_only or (info.op_type == "Constant" and info.domain == ""):
             providers = (self.host,)
+        elif node_id in self._device_bodies:
+            return self._device_control_flow(node_id, info)
+        elif node_id in self._host_bodies:
+            providers = (self.host,)
+            if on_device:
+                self._decline(node_id, info, self._host_bodies[node_id])
         elif self._is_shape_math(info, in_slots, constants) and len(providers) > 1:
             providers = (self.host,)
-            if not self.placement.providers[0].on_host:
+            if on_device:
                 self._decline(node_id, info, "shape computation kept on the host, where its "
                                              "inputs are (avoids a device round trip)")
         elif any(s in self._container_slots for s in in_slots) and len(providers) > 1:
             providers = (self.host,)
             if info.op_type in ("Identity", "If", "Loop"):  # pass containers through
                 self._container_slots.update(s for s in out_slots if s is not None)
-            if not self.placement.providers[0].on_host:
+            if on_device:
                 self._decline(node_id, info, "reads a sequence or optional: those stay on the "
                                              "host")
         if info.op_type in _MAKES_CONTAINERS or _container_outputs(info):
@@ -207,18 +271,27 @@ class Placer:
                 reasons.append(reason)
                 continue
             spec = provider.registry.resolve(info.domain, info.op_type, info.opset)
-            if reasons and depth == 0:
+            if reasons and not self.host_only:
                 self._decline(node_id, info, reasons[0])
             if spec.host_outputs or (provider.on_host
                                      and self._is_shape_math(info, in_slots, constants)):
                 self._shape_slots.update(s for s in out_slots if s is not None)
             return spec, provider.name
-        if self.placement.strict and depth == 0 and reasons:
+        if self.placement.strict and not self.host_only and reasons:
             # the session will refuse to build, listing every decline: plan on the host
             self._decline(node_id, info, reasons[0])
             spec = self.host.registry.resolve(info.domain, info.op_type, info.opset)
             return spec, (self.host.name if spec is not None else "")
         return None, ""
+
+    def _device_control_flow(self, node_id: int, info: NodeInfo) -> tuple[KernelSpec, str]:
+        """An If/Loop/Scan on the device: captured host shape values stay host inputs."""
+        device = self._device
+        spec = device.registry.resolve(info.domain, info.op_type, info.opset)
+        extra = self._device_bodies[node_id]
+        if extra:
+            spec = dataclasses.replace(spec, host_inputs=spec.host_inputs | extra)
+        return spec, device.name
 
     def _is_shape_math(self, info: NodeInfo, in_slots: Sequence[int | None],
                        constants: dict[int, Any]) -> bool:
@@ -233,6 +306,39 @@ class Placer:
         self.declines.append(ProviderDecline(node_id, info.name, info.domain, info.op_type,
                                              reason))
 
+
+@dataclass(frozen=True)
+class BodyPlacement:
+    """How the bodies of one subgraph node are placed: a Placer per body, and the copies
+    a device body needs (its outputs stay on the device but for the values its driver
+    reads on the host)."""
+
+    parent: Placer
+    on_device: bool
+    op_type: str
+    host_captures: frozenset[int]  # positions among the node's captured values
+
+    def placer(self, graph: ir.Graph, index: Sequence[int]) -> Placer:
+        """The placer of one body; `index[j]`: its capture j among the node's captures."""
+        child = Placer(self.parent.placement, self.parent.declines, host_only=not self.on_device)
+        if self.on_device:
+            n = len(graph.inputs)
+            child.host_positions = (*_BODY_HOST_INPUTS.get(self.op_type, ()),
+                                    *(n + j for j, k in enumerate(index)
+                                      if k in self.host_captures))
+            child._shape_slots.update(child.host_positions)  # a body's inputs are slots 0..
+        return child
+
+    def finish(self, plan: Plan, placer: Placer) -> Plan:
+        """A device body's plan with its copies; a host body's plan as it is."""
+        if not self.on_device:
+            return plan
+        host_outputs = _BODY_HOST_OUTPUTS.get(self.op_type, frozenset())
+        on_host = frozenset(plan.input_slots[p] for p in placer.host_positions)
+        return insert_copies(
+            plan, self.parent.placement.providers,
+            outputs_on_device=[i not in host_outputs for i in range(len(plan.output_slots))],
+            inputs_on_host=on_host, inputs_on_device=frozenset(plan.input_slots) - on_host)
 
 
 def place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
@@ -287,13 +393,19 @@ _COPY_TO_HOST = KernelSpec("onnxkiln", "MemcpyToHost", 1, None, lambda x: x,
 
 
 def insert_copies(plan: Plan, providers: Sequence[ExecutionProvider],
-                  keep_on_device: frozenset[int] = frozenset()) -> Plan:
+                  keep_on_device: frozenset[int] = frozenset(),
+                  outputs_on_device: Sequence[bool] | None = None,
+                  inputs_on_host: frozenset[int] = frozenset(),
+                  inputs_on_device: frozenset[int] = frozenset()) -> Plan:
     """Add host<->device copy steps where a value crosses, and device copies of constants.
 
     Graph inputs arrive on the host (a device tensor passed in is taken as it is by the
-    upload); graph outputs are brought to the host, except the slots in `keep_on_device`
-    (outputs bound to device buffers). Each value is copied at most once per
-    direction; constants a device kernel reads are uploaded here, once, at plan time.
+    upload), or known host or device values for the slots in `inputs_on_host` and
+    `inputs_on_device` (a device body's inputs); graph outputs are
+    brought to the host, except the slots in `keep_on_device` (outputs bound to device
+    buffers) and, for a device body, the outputs `outputs_on_device` marks, which are
+    brought to the device. Each value is copied at most once per direction; constants a
+    device kernel reads are uploaded here, once, at plan time.
     """
     by_name = {p.name: p for p in providers}
     if all(p.on_host for p in providers):
@@ -302,6 +414,8 @@ def insert_copies(plan: Plan, providers: Sequence[ExecutionProvider],
     constants = dict(plan.constants)
     device = next(p for p in providers if not p.on_host)
     where: dict[int, str] = dict.fromkeys(plan.input_slots, "caller")  # numpy or device
+    where.update(dict.fromkeys(inputs_on_host, "host"))
+    where.update(dict.fromkeys(inputs_on_device, device.name))
     copies: dict[tuple[int, str], int] = {}
     steps: list[Step] = []
 
@@ -348,9 +462,14 @@ def insert_copies(plan: Plan, providers: Sequence[ExecutionProvider],
         steps.append(dataclasses.replace(step, inputs=inputs))
         dest = "host" if provider.on_host or step.spec.host_outputs else provider.name
         where.update((s, dest) for s in step.outputs if s is not None)
-    outputs = [s if s in keep_on_device else on(s, None) for s in plan.output_slots]
-    may_alias = [alias and new == old for alias, new, old
-                 in zip(plan.output_may_alias, outputs, plan.output_slots)]
+    if outputs_on_device is not None:  # an upload may hand back the tensor it was given
+        outputs = [on(s, device if d else None) for s, d in zip(plan.output_slots,
+                                                               outputs_on_device)]
+        may_alias = list(plan.output_may_alias)
+    else:
+        outputs = [s if s in keep_on_device else on(s, None) for s in plan.output_slots]
+        may_alias = [alias and new == old for alias, new, old
+                     in zip(plan.output_may_alias, outputs, plan.output_slots)]
     last_use = lifetimes(steps, plan.input_slots, outputs, constants)
     return Plan(steps, names, plan.input_slots, plan.input_defaults, outputs, constants,
                 last_use, may_alias)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +99,17 @@ class _Context:
 
     def choose(self, node_id: int, node: ir.Node, info: NodeInfo, in_slots, out_slots,
                constants: dict[int, Any], depth: int) -> tuple[KernelSpec | None, str]:
+        """`in_slots`: the node's inputs, then the outer values its subgraphs capture."""
         if self.placer is not None:
             return self.placer.choose(node_id, info, in_slots, out_slots, constants, depth)
         return _resolve(self.registries, info.domain, node.op_type, info.opset)
+
+    def bodies(self, node_id: int, info: NodeInfo, in_slots, constants: dict[int, Any]) -> Any:
+        """Where a control-flow node's bodies are placed (the placer's BodyPlacement), or
+        None without a placer (every body on the session's registries)."""
+        if self.placer is None:
+            return None
+        return self.placer.bodies(node_id, info, in_slots, constants)
 
 
 def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], depth: int) -> Plan:
@@ -135,12 +144,19 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
     for node_id, node in enumerate(graph):
         domain = normalize_domain(node.domain)
         opset = ctx.opsets.get(domain, 1)
-        subgraphs, captured = _subgraphs(node, ctx, depth)
+        graphs, per_graph, captured = _graph_attributes(node)
         in_slots = tuple(None if v is None else slot_of(v) for v in node.inputs)
         cap_slots = tuple(slot_of(v) for v in captured)
         out_slots = tuple(None if (v is None or not v.name) else slot_of(v) for v in node.outputs)
+        subgraphs: dict[str, Any] = {}
+        if graphs:
+            bodies = ctx.bodies(node_id, _node_info(node, domain, opset, in_slots, out_slots,
+                                                    constants, {}), in_slots + cap_slots,
+                                constants)
+            subgraphs = _subgraphs(node, graphs, per_graph, captured, bodies, ctx, depth)
         info = _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs)
-        spec, provider = ctx.choose(node_id, node, info, in_slots, out_slots, constants, depth)
+        spec, provider = ctx.choose(node_id, node, info, in_slots + cap_slots, out_slots,
+                                    constants, depth)
         if spec is None:
             ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
             continue
@@ -196,32 +212,44 @@ def lifetimes(steps: Sequence[Step], input_slots: Sequence[int], output_slots: S
     return last_use
 
 
-def _subgraphs(node: ir.Node, ctx: _Context, depth: int) -> tuple[dict[str, Any], list[ir.Value]]:
-    """Compile each graph attribute of `node`; return runners and the union of captures."""
+def _graph_attributes(node: ir.Node
+                      ) -> tuple[dict[str, ir.Graph], dict[str, list[ir.Value]], list[ir.Value]]:
+    """The node's graph attributes, each one's captured outer values, and their union."""
     graphs = {
         name: attr.value
         for name, attr in node.attributes.items()
         if attr.type == ir.AttributeType.GRAPH
     }
-    if not graphs:
-        return {}, []
     captured: list[ir.Value] = []
     per_graph: dict[str, list[ir.Value]] = {}
     for name, g in graphs.items():
         per_graph[name] = free_values(g)
         captured.extend(v for v in per_graph[name] if v not in captured)
+    return graphs, per_graph, captured
+
+
+def _subgraphs(node: ir.Node, graphs: dict[str, ir.Graph], per_graph: dict[str, list[ir.Value]],
+               captured: list[ir.Value], bodies: Any, ctx: _Context, depth: int
+               ) -> dict[str, Any]:
+    """Compile each graph attribute of `node` into a runner; `bodies` (a placer's
+    BodyPlacement) places each body's nodes and adds its copies."""
     from onnxkiln.executor import CompiledPlan  # executor imports this module
     from onnxkiln.subgraph import SubgraphRunner
 
     runners = {}
     for name, g in graphs.items():
-        plan = _graph_plan(g, ctx, per_graph[name], depth + 1)
+        index = tuple(captured.index(v) for v in per_graph[name])
+        body_ctx = ctx
+        if bodies is not None:
+            body_ctx = dataclasses.replace(ctx, placer=bodies.placer(g, index))
+        plan = _graph_plan(g, body_ctx, per_graph[name], depth + 1)
         if ctx.missing:
             continue
-        index = tuple(captured.index(v) for v in per_graph[name])
+        if bodies is not None:
+            plan = bodies.finish(plan, body_ctx.placer)
         label = f"{node.name or node.op_type}.{name}"
         runners[name] = SubgraphRunner(CompiledPlan(plan), index, g, label, ctx.stats)
-    return runners, captured
+    return runners
 
 
 def free_values(graph: ir.Graph) -> list[ir.Value]:

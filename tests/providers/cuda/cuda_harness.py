@@ -27,7 +27,7 @@ from onnxkiln.providers.cuda.device import device_scope
 from onnxkiln.providers.cuda.dtypes import to_numpy, to_torch
 from onnxkiln.testing import node_model
 
-__all__ = ["DEVICE", "check", "check_node", "node_info", "reason", "run_graph"]
+__all__ = ["DEVICE", "check", "check_node", "node_info", "reason", "run_graph", "run_session"]
 
 DEVICE = os.environ.get("ONNXKILN_TORCH_TEST_DEVICE", "cpu")
 if DEVICE != "cpu":
@@ -205,6 +205,23 @@ def run_graph(ir_model, feeds: Mapping[str, np.ndarray], device: bool) -> list[n
             if v is not None and v.name:
                 values[v.name] = o
     return [_to_host(values[v.name]) for v in graph.outputs]
+
+
+def run_session(model: onnx.ModelProto, feeds: Mapping[str, Any]) -> list[Any]:
+    """Run a model in a session on the torch provider alone (control flow included): a node
+    the provider declines fails the build with "declined: <reason>"."""
+    import onnxkiln as ok
+    from onnxkiln.errors import ExecutionProviderUnavailableError
+
+    options = {"testing.cuda_on_torch_cpu": "1"} if DEVICE == "cpu" else {}
+    try:
+        session = ok.InferenceSession(model.SerializeToString(), providers=["cuda"],
+                                      options=options)
+    except ExecutionProviderUnavailableError as e:
+        reasons = [line.split(": ", 1)[-1] for line in str(e).splitlines()[1:]
+                   if line.startswith("  ")]
+        raise AssertionError(f"declined: {reasons[0] if reasons else e}") from None
+    return list(session.run(None, dict(feeds)))
 
 
 def _host(v: Any) -> Any:

@@ -12,6 +12,7 @@ from onnxkiln.providers.cuda import (  # noqa: F401  (importing registers the ke
     attention,
     contrib,
     contrib_attention,
+    control,
     elementwise,
     image_ops,
     index,
