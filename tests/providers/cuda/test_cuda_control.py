@@ -13,11 +13,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the CUDA provider's kernels are torch ops")
 ort = pytest.importorskip("onnxruntime", reason="outputs are compared with onnxruntime")
 
+from cuda_harness import DEVICE  # noqa: E402
+
 import onnxkiln as ok  # noqa: E402
 from onnxkiln import SeamKind  # noqa: E402
 from onnxkiln.errors import ExecutionProviderUnavailableError  # noqa: E402
 
-ON_TORCH = {"testing.cuda_on_torch_cpu": "1"}
+ON_TORCH = {"testing.cuda_on_torch_cpu": "1"} if DEVICE == "cpu" else {}  # a real GPU
 COPIES = ("MemcpyToHost", "MemcpyFromHost")
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 
