@@ -97,3 +97,56 @@ def test_a_node_with_more_inputs_than_its_schema_takes_is_refused_at_load():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     with pytest.raises(ModelLoadError, match="ReduceMean .opset 13. takes at most 1 inputs"):
         InferenceSession(model.SerializeToString())
+
+
+def _loop_model():
+    """v = Loop(3) { relu(v + one) * two }: elementwise steps a body may run in place."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Add", ["v", "one"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Mul", ["r", "two"], ["v_out"])],
+        "body", [tensor_info("i", np.int64, []), tensor_info("cond", np.bool_, []),
+                 tensor_info("v", np.float32, [4096])],
+        [tensor_info("cond_out", np.bool_, []), tensor_info("v_out", np.float32, [4096])])
+    loop = helper.make_node("Loop", ["m", "", "v0"], ["v"], name="loop", body=body)
+    return make_model([loop], [tensor_info("v0", np.float32, [4096])],
+                      [tensor_info("v", np.float32, [4096])],
+                      {"m": np.array(3, np.int64), "one": np.ones(4096, np.float32),
+                       "two": np.full(4096, 2, np.float32)})
+
+
+def _body_runners(session):
+    """The SubgraphRunners a session's steps hold (in their kernels' closures)."""
+    from onnxkiln.subgraph import SubgraphRunner
+
+    return [cell.cell_contents for step in session._plan.steps
+            for cell in getattr(step.kernel, "__closure__", None) or ()
+            if isinstance(cell.cell_contents, SubgraphRunner)]
+
+
+@pytest.mark.parametrize("inplace", ["0", "1"])
+def test_memory_inplace_option_reaches_loop_bodies(inplace, monkeypatch):
+    monkeypatch.setenv("ONNXKILN_INPLACE", "1" if inplace == "0" else "0")  # the option wins
+    s = InferenceSession.builder().option("memory.inplace", inplace).from_graph(_loop_model())
+    (body,) = _body_runners(s)
+    assert body._compiled.inplace is (inplace == "1")
+    assert bool(body._compiled.donations) is (inplace == "1")
+    v0 = np.linspace(-1, 1, 4096, dtype=np.float32)
+    expected = v0
+    for _ in range(3):
+        expected = np.maximum(expected + 1, 0) * 2
+    for _ in range(3):  # generic, recording and specialised body plans
+        np.testing.assert_array_equal(s.run({"v0": v0})[0], expected)
+
+
+def test_specialize_option_keeps_loop_bodies_generic():
+    on = InferenceSession.from_graph(_loop_model())
+    off = InferenceSession.builder().option("specialize", "0").from_graph(_loop_model())
+    v0 = np.zeros(4096, np.float32)
+    for s in (on, off):
+        for _ in range(3):
+            np.testing.assert_array_equal(s.run({"v0": v0})[0], np.full(4096, 14, np.float32))
+    (body_on,), (body_off,) = _body_runners(on), _body_runners(off)
+    assert any(e.compiled is not None for e in body_on._entries.values())
+    assert body_off._entries == {}

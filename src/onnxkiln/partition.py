@@ -21,7 +21,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxkiln.errors import ExecutionProviderUnavailableError, InvalidOptionError
-from onnxkiln.plan import Plan, Step, build_plan, lifetimes
+from onnxkiln.plan import BodyOptions, Plan, Step, build_plan, lifetimes
 from onnxkiln.providers.base import (
     ControlFlowCounter,
     ExecutionProvider,
@@ -341,17 +341,20 @@ class BodyPlacement:
             inputs_on_host=on_host, inputs_on_device=frozenset(plan.input_slots) - on_host)
 
 
-def place(model: ir.Model, placement: Placement, counter: ControlFlowCounter
+def place(model: ir.Model, placement: Placement, counter: ControlFlowCounter,
+          bodies: BodyOptions | None = None
           ) -> tuple[Plan, ExecutionProviderFallbackReport | None]:
     """Plan `model` on the placement's providers; the plan has no copies yet (see
     insert_copies). Returns it with the fallback report, None when the requested
-    provider runs everything. A strict placement (no "cpu") refuses any decline."""
+    provider runs everything. A strict placement (no "cpu") refuses any decline.
+    `bodies`: the options subgraph bodies compile with."""
     placer = Placer(placement) if placement.on_device else None
     with contextlib.ExitStack() as scopes:
         for p in placement.providers:
             if hasattr(p, "planning"):
                 scopes.enter_context(p.planning())
-        plan = build_plan(model, placement.registries, counter, placer)
+        plan = build_plan(model, placement.registries, counter, placer,
+                          bodies if bodies is not None else BodyOptions())
     declines = placer.declines if placer is not None else []
     if placement.strict and declines:
         lines = [f"'{d.node_name}' {d.domain or 'ai.onnx'}::{d.op_type}: {d.reason}"

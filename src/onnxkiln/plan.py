@@ -23,7 +23,8 @@ from onnxkiln.providers.base import (
 )
 from onnxkiln.schema import check_arity, schema_defaults
 
-__all__ = ["Plan", "Step", "build_plan", "free_values", "lifetimes", "prune_outputs"]
+__all__ = ["BodyOptions", "Plan", "Step", "build_plan", "free_values", "lifetimes",
+           "prune_outputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,22 +63,34 @@ class Plan:
     output_may_alias: list[bool] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BodyOptions:
+    """Session options that reach If/Loop/Scan bodies: in-place donation (None: the
+    environment's default) and per-signature specialised plans."""
+
+    inplace: bool | None = None
+    specialize: bool = True
+
+
 def build_plan(
     model: ir.Model,
     registries: Sequence[KernelRegistry],
     stats: ControlFlowCounter | None = None,
     placer: Any = None,
+    bodies: BodyOptions = BodyOptions(),
 ) -> Plan:
     """Resolve a kernel for every node and lay out slots; all missing kernels fail at once.
 
     Without a `placer` each node takes the first registry with a kernel for it; with one
     (partition.Placer: device sessions) the placer chooses and records what it declined.
+    Subgraph bodies compile with the `bodies` options.
     """
     ctx = _Context(
         {normalize_domain(d): v for d, v in model.opset_imports.items()},
         tuple(registries),
         stats if stats is not None else ControlFlowCounter(),
         placer,
+        bodies,
     )
     plan = _graph_plan(model.graph, ctx, (), 0)
     if ctx.missing:
@@ -95,6 +108,7 @@ class _Context:
     registries: tuple[KernelRegistry, ...]
     stats: ControlFlowCounter
     placer: Any = None
+    body_options: BodyOptions = BodyOptions()
     missing: list[str] = field(default_factory=list)
 
     def choose(self, node_id: int, node: ir.Node, info: NodeInfo, in_slots, out_slots,
@@ -248,7 +262,9 @@ def _subgraphs(node: ir.Node, graphs: dict[str, ir.Graph], per_graph: dict[str, 
         if bodies is not None:
             plan = bodies.finish(plan, body_ctx.placer)
         label = f"{node.name or node.op_type}.{name}"
-        runners[name] = SubgraphRunner(CompiledPlan(plan), index, g, label, ctx.stats)
+        options = ctx.body_options
+        runners[name] = SubgraphRunner(CompiledPlan(plan, inplace=options.inplace), index, g,
+                                       label, ctx.stats, specialize=options.specialize)
     return runners
 
 

@@ -25,7 +25,7 @@ from onnxkiln.errors import CaptureError, InvalidOptionError, SequenceOutputErro
 from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
 from onnxkiln.memory import MemoryPlan, MemoryTracker, PeakPlanner, ShapeOracle, simulate, tracking
 from onnxkiln.partition import Placement, insert_copies, place, with_context_providers
-from onnxkiln.plan import Plan, prune_outputs
+from onnxkiln.plan import BodyOptions, Plan, prune_outputs
 from onnxkiln.pool import run_enter, run_leave, run_scope
 from onnxkiln.providers.base import ControlFlowCounter
 from onnxkiln.run_args import check_cancel, deadline, each_once, output_kind, split_run_args
@@ -105,10 +105,13 @@ class InferenceSession:
         self._optimization = config._optimization
         self._threads = config._threads if config._threads is not None else default_threads()
         self._control_flow = ControlFlowCounter()
-        self._raw_plan, self._fallback = place(model, placement, self._control_flow)
+        inplace = {"0": False, "1": True}.get(self._options.get("memory.inplace"))
+        specialize = self._options.get("specialize", "1") != "0"
+        self._raw_plan, self._fallback = place(model, placement, self._control_flow,
+                                               BodyOptions(inplace, specialize))
         self._plan = self._with_copies(self._raw_plan)
-        self._compiled = CompiledPlan(  # memory.inplace unset: ONNXKILN_INPLACE, else on
-            self._plan, inplace={"0": False, "1": True}.get(self._options.get("memory.inplace")))
+        # memory.inplace unset: ONNXKILN_INPLACE, else on
+        self._compiled = CompiledPlan(self._plan, inplace=inplace)
         self._inputs = [
             loader.io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
         ]
@@ -120,7 +123,7 @@ class InferenceSession:
                                                       if not p.on_host), None))
         self._cache = SpecializationCache(self._specialize)
         self._specializer = (PlanSpecializer(self._compiled, model.graph)
-                             if self._options.get("specialize", "1") != "0" else None)
+                             if specialize else None)
         self._copy_outputs = self._plan.output_may_alias
         self._trace = config._trace
         self._memory_limit = config._memory_limit

@@ -1,6 +1,7 @@
 """Compiled If/Loop/Scan bodies: the body plan, its captured outer values, its counters,
 and per-signature specialised plans (onnxkiln.specialize) as for the main graph: a Loop
-body run with the same input shapes a second time gets its own specialised plan.
+body run with the same input shapes a second time gets its own specialised plan (unless the
+session's option specialize=0 keeps every plan generic).
 
 A body runs hooked when the run in progress on its thread is traced, cancellable (a cancel
 event or a timeout) or memory-tracked; memory tracking gives it its own MemoryTracker on
@@ -29,9 +30,9 @@ class SubgraphRunner:
     """A compiled If/Loop/Scan body: picks its captured values and counts builds and runs."""
 
     def __init__(self, compiled: CompiledPlan, capture_index: tuple[int, ...], graph, label: str,
-                 stats) -> None:
+                 stats, specialize: bool = True) -> None:
         self._compiled = compiled
-        self._specializer = PlanSpecializer(compiled, graph)
+        self._specializer = PlanSpecializer(compiled, graph) if specialize else None
         self._entries: dict[tuple, Specialization] = {}
         self._index = capture_index
         self._stats = stats
@@ -96,6 +97,8 @@ class SubgraphRunner:
     def _run(self, values: list[Any], signature: tuple) -> list[Any]:
         """The body's specialised plan for this signature once it has one (built on the
         signature's second run), else the generic plan."""
+        if self._specializer is None:
+            return self._compiled(values)
         entry = self._entries.get(signature)
         if entry is None:
             if len(self._entries) >= MAX_SIGNATURES:
