@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -24,7 +25,7 @@ from onnxkiln import (
     UnknownOptionError,
     WarmupShape,
 )
-from onnxkiln.options import KNOWN_OPTIONS
+from onnxkiln.options import KNOWN_OPTIONS, OPTIONS, SessionConfig
 from onnxkiln.specialize import Specialization, SpecializationCache
 from onnxkiln.testing import make_model, tensor_info
 from onnxkiln.trace import TraceContext
@@ -153,12 +154,25 @@ def test_option_cases_cover_every_documented_key():
     assert {c[0] for c in OPTION_CASES} == set(KNOWN_OPTIONS)
 
 
+def test_every_option_has_a_typed_config_field_and_test_switches_say_so():
+    assert [f.name for f in dataclasses.fields(SessionConfig)] == [o.field for o in OPTIONS]
+    for option in OPTIONS:
+        assert option.doc and option.kind in ("flag", "int", "text", "file", "count")
+        assert option.key.startswith("testing.") == option.doc.startswith("test-only")
+
+
 @pytest.mark.parametrize(("key", "good", "bad", "error"), OPTION_CASES)
 def test_each_option_key_accepts_valid_and_rejects_invalid_values(key, good, bad, error,
                                                                   tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # file options write there
     s = InferenceSession.builder().option(key, good).from_graph(_pair_model())
-    assert s._options == {key: good}
+    field = key.replace(".", "_")
+    kind = next(o.kind for o in OPTIONS if o.key == key)
+    typed = (good == "1" if kind == "flag" else int(good) if kind in ("int", "count")
+             else good)
+    assert getattr(s._config, field) == typed and type(getattr(s._config, field)) is type(typed)
+    default = getattr(SessionConfig(), field)
+    assert dataclasses.replace(s._config, **{field: default}) == SessionConfig()
     with pytest.raises(InvalidOptionError, match=f"option '{key}' {error}"):
         InferenceSession.builder().option(key, bad)
     with pytest.raises(InvalidOptionError, match=f"option '{key}' takes a string value, got int"):

@@ -13,8 +13,7 @@ import onnx_ir as ir
 
 from onnxkiln import loader
 from onnxkiln.errors import InvalidOptionError, ModelLoadError, SessionError
-from onnxkiln.inlining import MAX_INLINED_NODES
-from onnxkiln.options import OPTIMIZATION_LEVELS, check_option
+from onnxkiln.options import OPTIMIZATION_LEVELS, SessionConfig, check_option
 from onnxkiln.partition import KNOWN_PROVIDERS, select_providers
 from onnxkiln.trace import TraceContext
 from onnxkiln.types import WarmupShape
@@ -86,7 +85,8 @@ class SessionBuilder:
         return self
 
     def option(self, key: str, value: str) -> SessionBuilder:
-        """A string session option; unknown keys and bad values raise at once."""
+        """A string session option (`onnxkiln.options.OPTIONS` lists every key, its values and
+        what it does); unknown keys and bad values raise at once."""
         self._options[key] = check_option(key, value)
         return self
 
@@ -187,8 +187,7 @@ class SessionBuilder:
         return self._build(lambda: loader.from_graph(graph, self._max_inlined_nodes()))
 
     def _max_inlined_nodes(self) -> int:
-        value = self._options.get("load.max_inlined_nodes")
-        return int(value) if value is not None else MAX_INLINED_NODES
+        return SessionConfig.from_options(self._options).load_max_inlined_nodes
 
     def _build(self, read: Callable[[], ir.Model], model_path: str | os.PathLike | None = None,
                model_dir: str | os.PathLike | None = None,
@@ -198,7 +197,8 @@ class SessionBuilder:
 
         try:
             model = read()
-            placement = select_providers(self._device, self._providers, self._options)
+            placement = select_providers(self._device, self._providers,
+                                         SessionConfig.from_options(self._options))
             session = into if into is not None else InferenceSession.__new__(InferenceSession)
             session._setup(model, placement, self, model_path, model_dir)
             if self._warmup:

@@ -44,6 +44,7 @@ from onnxkiln.decode_views import (
 )
 from onnxkiln.errors import CaptureError
 from onnxkiln.executor import CompiledPlan, combine_hooks
+from onnxkiln.options import SessionConfig
 from onnxkiln.plan import Plan, Step, lifetimes
 from onnxkiln.pool import run_scope
 from onnxkiln.specialize import PlanSpecializer, Specialization, SpecializationCache
@@ -124,7 +125,8 @@ class DecodeMemo:
     """One session's decode memo: the path of `run_with_device_bindings` and its counters.
 
     Example:
-        >>> memo = DecodeMemo(validator, cache, bindings, ["logits"], [False], None, "main", {})
+        >>> memo = DecodeMemo(validator, cache, bindings, ["logits"], [False], None, "main",
+        ...                   SessionConfig())
         >>> outputs = memo.run(feeds, checked_bindings, TraceContext.disabled())
         >>> memo.counts()  # (primed, rebuilt, replayed, ineligible)
         (1, 0, 0, 0)
@@ -133,7 +135,7 @@ class DecodeMemo:
     def __init__(self, validator: InputValidator, cache: SpecializationCache,
                  bindings: SessionBindings, output_names: Sequence[str],
                  copy_outputs: Sequence[bool], threads: int | None, graph_name: str,
-                 options: Mapping[str, str], graph: Any = None) -> None:
+                 options: SessionConfig, graph: Any = None) -> None:
         self._validator = validator
         self._cache = cache
         self._bindings = bindings
@@ -141,13 +143,12 @@ class DecodeMemo:
         self._copy_outputs = list(copy_outputs)
         self._threads = threads
         self._graph_name = graph_name or "main"
-        self.enabled = options.get("decode.memo", "1") != "0"
-        self.verify = options.get("decode.verify", "0") == "1"
+        self.enabled = options.decode_memo
+        self.verify = options.decode_verify
         # the model graph replays specialise their plan against; None with specialize=0,
         # and under decode.verify, which compares replays bit for bit with the ordinary
         # path's generic kernels (a specialised GEMM may sum in another order)
-        self._graph = graph if options.get("specialize", "1") != "0" and not self.verify \
-            else None
+        self._graph = graph if options.specialize and not self.verify else None
         self._lock = threading.Lock()
         self._entry: _Entry | None = None
         self._primed = self._rebuilt = self._replayed = self._ineligible = 0

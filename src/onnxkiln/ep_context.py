@@ -41,6 +41,7 @@ from onnx import helper
 
 from onnxkiln import onnx_guard
 from onnxkiln.errors import EpContextError
+from onnxkiln.options import SessionConfig
 
 __all__ = [
     "CompiledPartition",
@@ -73,13 +74,13 @@ def default_context_path(model_path: str | Path) -> Path:
     return p.with_name(f"{p.stem}_ctx.onnx")
 
 
-def ep_context_config(options: Mapping[str, str], model_path: str | Path | None = None
+def ep_context_config(options: SessionConfig, model_path: str | Path | None = None
                       ) -> EpContextDumpConfig:
     """The dump configuration from session options; bad combinations are EpContextErrors."""
-    enable = options.get("ep.context_enable", "0") == "1"
-    embed = int(options.get("ep.context_embed_mode", "1"))
-    prefix = options.get("ep.context_node_name_prefix", "")
-    given = options.get("ep.context_file_path")
+    enable = options.ep_context_enable
+    embed = options.ep_context_embed_mode
+    prefix = options.ep_context_node_name_prefix
+    given = options.ep_context_file_path
     if given:
         path = Path(given)
         if path.is_dir() or given.endswith(("/", "\\")):

@@ -21,6 +21,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxkiln.errors import ExecutionProviderUnavailableError, InvalidOptionError
+from onnxkiln.options import SessionConfig
 from onnxkiln.plan import BodyOptions, Plan, Step, build_plan, lifetimes
 from onnxkiln.providers.base import (
     ControlFlowCounter,
@@ -43,7 +44,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 KNOWN_PROVIDERS = ("cpu", "cuda", "fuse")
-TORCH_CPU_OPTION = "testing.cuda_on_torch_cpu"
 _warned: set[str] = set()
 _INTEGER_KINDS = "iub"
 _MAKES_CONTAINERS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert",
@@ -78,7 +78,7 @@ class Placement:
 
 
 def select_providers(device: str, providers: Sequence[str] | None,
-                     options: dict[str, str] | None = None) -> Placement:
+                     options: SessionConfig | None = None) -> Placement:
     """Resolve `device("auto"|"cpu"|"cuda[:N]")` and `providers([...])` to providers."""
     from onnxkiln.providers.cpu.provider import CpuProvider
 
@@ -99,7 +99,7 @@ def select_providers(device: str, providers: Sequence[str] | None,
         return Placement((FuseProvider(), cpu), cpu.device, "fuse", None)
     if wanted == "cpu":
         return Placement((cpu,), cpu.device, wanted, None)
-    on_torch_cpu = (options or {}).get(TORCH_CPU_OPTION) == "1"
+    on_torch_cpu = options is not None and options.testing_cuda_on_torch_cpu
     strict = names is not None and "cpu" not in names
     reason = _cuda_unavailable_reason(wanted) if not on_torch_cpu else None
     if reason is None:

@@ -24,6 +24,7 @@ from onnxkiln.dtypes import DataType
 from onnxkiln.errors import CaptureError, InvalidOptionError, SequenceOutputError
 from onnxkiln.executor import CancelHook, CompiledPlan, cancel_scope, cancelled, combine_hooks
 from onnxkiln.memory import MemoryPlan, MemoryTracker, PeakPlanner, ShapeOracle, simulate, tracking
+from onnxkiln.options import SessionConfig
 from onnxkiln.partition import Placement, insert_copies, place, with_context_providers
 from onnxkiln.plan import BodyOptions, Plan, prune_outputs
 from onnxkiln.pool import run_enter, run_leave, run_scope
@@ -86,15 +87,15 @@ class InferenceSession:
                model_path: str | os.PathLike | None = None,
                model_dir: str | os.PathLike | None = None) -> None:
         """Optimize, place, plan and compile `model` (SessionBuilder calls this)."""
-        self._options = dict(config._options)
+        self._config = options = SessionConfig.from_options(config._options)
         self._declared_opsets = dict(model.opset_imports)  # fusions may import more
-        self._ep_config = ep_context.ep_context_config(self._options, model_path)
+        self._ep_config = ep_context.ep_context_config(options, model_path)
         if ep_context_load.has_ep_context(model):  # a dumped context model: load its partitions
             placement = with_context_providers(placement)
             folder = Path(model_path).resolve().parent if model_path is not None else model_dir
             model = ep_context_load.load_with_contexts(model, folder, placement.providers)
         model = optimizer.optimize_and_save(model, config._optimization, placement.registries,
-                                            self._options.get("optimized_model_path"))
+                                            options.optimized_model_path)
         self._ep_partitions: list[ep_context.CompiledPartition] = []
         compiler = next((p for p in placement.providers if hasattr(p, "compile")), None)
         if compiler is not None:
@@ -105,13 +106,11 @@ class InferenceSession:
         self._optimization = config._optimization
         self._threads = config._threads if config._threads is not None else default_threads()
         self._control_flow = ControlFlowCounter()
-        inplace = {"0": False, "1": True}.get(self._options.get("memory.inplace"))
-        specialize = self._options.get("specialize", "1") != "0"
-        self._raw_plan, self._fallback = place(model, placement, self._control_flow,
-                                               BodyOptions(inplace, specialize))
+        self._raw_plan, self._fallback = place(
+            model, placement, self._control_flow,
+            BodyOptions(options.memory_inplace, options.specialize))
         self._plan = self._with_copies(self._raw_plan)
-        # memory.inplace unset: ONNXKILN_INPLACE, else on
-        self._compiled = CompiledPlan(self._plan, inplace=inplace)
+        self._compiled = CompiledPlan(self._plan, inplace=options.memory_inplace)
         self._inputs = [
             loader.io_meta(model, v, optional=v.is_initializer()) for v in model.graph.inputs
         ]
@@ -123,13 +122,13 @@ class InferenceSession:
                                                       if not p.on_host), None))
         self._cache = SpecializationCache(self._specialize)
         self._specializer = (PlanSpecializer(self._compiled, model.graph)
-                             if specialize else None)
+                             if options.specialize else None)
         self._copy_outputs = self._plan.output_may_alias
         self._trace = config._trace
         self._memory_limit = config._memory_limit
         self._memory_plan = MemoryPlan(self._plan, self._compiled.donations)
         self._track_memory = (self._memory_limit is not None
-                              or self._options.get("memory.track") == "1")
+                              or options.memory_track)
         self._peaks = PeakPlanner(model, self._memory_plan)
         self._last_reuses: int | None = None
         self._shape_oracle: ShapeOracle | None = None
@@ -142,7 +141,7 @@ class InferenceSession:
         self._graphs = self._device_graphs()
         self._decode_memo = DecodeMemo(self._validator, self._cache, self._bindings,
                                        [m.name for m in self._outputs], self._copy_outputs,
-                                       self._threads, self._model.graph.name, self._options,
+                                       self._threads, self._model.graph.name, options,
                                        model.graph)
         self._bindings.release_hooks += [self._decode_memo.forget, self._graphs.forget]
         self._size_predictors: dict[int, Any] | None = None  # built on the first limited run
@@ -158,7 +157,7 @@ class InferenceSession:
             self._model.graph, [m.name for m in self._inputs], [m.name for m in self._outputs],
             self._compiled, device, None if device.on_host else device.name,
             {d.node_id: d.reason for d in declines},
-            self._options.get("capture.allow_seams", "1") == "1"))
+            self._config.capture_allow_seams))
 
     # construction -----------------------------------------------------------
     @classmethod
