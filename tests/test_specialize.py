@@ -236,3 +236,33 @@ def _runners(session):
             elif isinstance(value, dict):
                 found.extend(v for v in value.values() if isinstance(v, SubgraphRunner))
     return found
+
+
+def test_on_a_device_the_upload_of_folded_shape_arithmetic_becomes_a_device_constant():
+    pytest.importorskip("torch", reason="the torch provider's kernels are torch ops")
+    # y = x[::-1]: the indices come from x's shape (host shape arithmetic), a device Gather
+    # reads them
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "i0"], ["n"], axis=0),
+             helper.make_node("Sub", ["n", "one"], ["last"]),
+             helper.make_node("Range", ["last", "minus1", "minus1"], ["rev"]),
+             helper.make_node("Gather", ["x", "rev"], ["y"], axis=0)]
+    inits = {"i0": np.array(0, np.int64), "one": np.array(1, np.int64),
+             "minus1": np.array(-1, np.int64)}
+    model = make_model(nodes, [tensor_info("x", np.float32, ["n", 4])],
+                       [tensor_info("y", np.float32, ["n", 4])], inits, opset=13)
+    s = InferenceSession(model, device="cuda", options={"testing.cuda_on_torch_cpu": "1"})
+    names = s._plan.slot_names
+    uploads = [names[st.inputs[0]] for st in s._plan.steps if st.op_type == "MemcpyFromHost"]
+    assert uploads == ["x", "rev"]  # the generic plan uploads the indices every run
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(s.run({"x": x})[0], x[::-1])
+    plan = _entry(s).compiled.plan
+    assert [(st.op_type, [plan.slot_names[i] for i in st.inputs]) for st in plan.steps] == [
+        ("MemcpyFromHost", ["x"]), ("Gather", ["x@cuda", "rev@cuda"]),
+        ("MemcpyToHost", ["y"])]
+    indices = next(v for k, v in plan.constants.items() if plan.slot_names[k] == "rev@cuda")
+    assert type(indices).__module__ == "torch" and indices.tolist() == [4, 3, 2, 1, 0]
+    x2 = x + 1  # same signature, other values: the folded indices still hold
+    np.testing.assert_array_equal(s.run({"x": x2})[0], x2[::-1])

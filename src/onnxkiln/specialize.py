@@ -5,7 +5,9 @@ recording run notes every step's input dtypes and shapes and the values that fol
 the signature alone (shape arithmetic: Shape, Gather, Concat, Range ... of static shapes);
 the specialisation built from it is a plan of its own in which
 
-- those values are constants and the steps computing them are gone;
+- those values are constants and the steps computing them are gone, their uploads too: a
+  device kernel reading shape arithmetic done on the host (position ids, a mask made from
+  shapes) reads a device constant, uploaded once when the specialisation is built;
 - every kernel exposing `specialize(dtypes, shapes, consts)` is replaced by the callable it
   returns for exactly those inputs (im2col geometry, chosen variant and thread split,
   reshape targets: no per-call shape work); `consts[i]` is input i's value when the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -224,7 +227,7 @@ class _Recorder:
                    if s is not None]
         if len(written) != len(outs) or not all(_foldable(v) for v in outs):
             return
-        size = sum(int(v.nbytes) for v in outs)
+        size = sum(_nbytes(v) for v in outs)
         if size > self.budget:
             return
         self.budget -= size
@@ -233,11 +236,29 @@ class _Recorder:
 
 
 def _foldable(v: Any) -> bool:
-    return (isinstance(v, np.ndarray | np.generic) and v.dtype.kind != "O"
-            and v.nbytes <= FOLD_MAX_BYTES)
+    """A host array or a device tensor (the torch provider's) small enough to keep."""
+    if isinstance(v, np.ndarray | np.generic):
+        return v.dtype.kind != "O" and v.nbytes <= FOLD_MAX_BYTES
+    return _is_device_tensor(v) and _nbytes(v) <= FOLD_MAX_BYTES
 
 
-def _frozen_copy(v: np.ndarray) -> np.ndarray:
+def _is_device_tensor(v: Any) -> bool:
+    torch = sys.modules.get("torch")  # a device value exists only once torch is imported
+    return (torch is not None and isinstance(v, torch.Tensor) and not v.requires_grad
+            and v.layout == torch.strided)
+
+
+def _nbytes(v: Any) -> int:
+    if isinstance(v, np.ndarray | np.generic):
+        return int(v.nbytes)
+    return int(v.numel()) * int(v.element_size())
+
+
+def _frozen_copy(v: Any) -> Any:
+    """A copy no later run can write into: read-only for arrays; a device tensor's clone
+    (a constant is never donated to a kernel, and nothing else holds the clone)."""
+    if not isinstance(v, np.ndarray | np.generic):
+        return v.detach().clone()
     c = np.array(v, copy=True)
     c.flags.writeable = False
     return c
