@@ -175,3 +175,33 @@ def test_sequences_stay_on_the_host():
     assert placed["Identity"] == "cpu" and placed["Relu"] == placed["Neg"] == "cuda"
     reasons = {d.op_type: d.reason for d in s.execution_provider_fallback_report().declines}
     assert "reads a sequence or optional" in reasons["Identity"]
+
+
+def _scaler_cast_model(then_relu: bool):
+    """Scaler (ai.onnx.ml: no torch kernel) -> Cast -> an output (or -> Relu -> an output)."""
+    nodes = [helper.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[1.0, 2.0],
+                              scale=[2.0, 0.5]),
+             helper.make_node("Cast", ["s"], ["d"], to=TensorProto.DOUBLE)]
+    if then_relu:
+        nodes.append(helper.make_node("Relu", ["d"], ["y"]))
+    out = "y" if then_relu else "d"
+    return make_model(nodes, [tensor_info("x", np.float32, [3, 2])],
+                      [tensor_info(out, np.float64, [3, 2])],
+                      opset=17, extra_opsets={"ai.onnx.ml": 3})
+
+
+@pytest.mark.parametrize("then_relu", [False, True], ids=["cast_out", "cast_relu_out"])
+def test_a_node_between_host_nodes_stays_on_the_host(then_relu):
+    s = _device_session(_scaler_cast_model(then_relu))
+    x = np.array([[3, 4], [1, 2], [-1, 0]], np.float32)
+    expected = ((x - [1, 2]) * [2, 0.5]).astype(np.float64)
+    np.testing.assert_array_equal(s.run({"x": x})[0], np.maximum(expected, 0) if then_relu
+                                  else expected)
+    cast = next(p for p, op in _steps(s) if op == "Cast")
+    declined = {d.op_type: d.reason for d in s.execution_provider_fallback_report().declines}
+    if then_relu:  # its reader runs on the device: the Cast goes with it, one upload
+        assert cast == "cuda" and "Cast" not in declined
+        assert [op for _, op in _steps(s)].count("MemcpyFromHost") == 1
+    else:  # up and straight back down would be its only reason to be on the device
+        assert cast == "cpu" and "saves copying them up and back" in declined["Cast"]
+        assert [op for _, op in _steps(s)].count("MemcpyFromHost") == 0  # nothing goes up

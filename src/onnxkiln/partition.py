@@ -162,6 +162,10 @@ def _cuda_unavailable_reason(wanted: str) -> str | None:
 
 
 _DEVICE_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+# conversions and views converters put between ops: on the host they cost no more than
+# the copies they would need on the device (compute ops stay where the user asked)
+_CONVERSIONS = frozenset({"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze",
+                          "Flatten"})
 _BODY_HOST_INPUTS = {"Loop": (0, 1)}  # iteration_num and cond arrive as host values
 _BODY_HOST_OUTPUTS = {"Loop": frozenset({0})}  # the cond the driver reads
 
@@ -180,6 +184,7 @@ class Placer:
     host_only: bool = False
     _shape_slots: set[int] = field(default_factory=set)
     _container_slots: set[int] = field(default_factory=set)  # sequences, optionals
+    _host_made: set[int] = field(default_factory=set)  # outputs of nodes on the host
     _device_bodies: dict[int, frozenset[int]] = field(default_factory=dict)
     _host_bodies: dict[int, str] = field(default_factory=dict)
     host_positions: tuple[int, ...] = ()  # input positions that arrive as host values
@@ -262,6 +267,12 @@ class Placer:
             if on_device:
                 self._decline(node_id, info, "reads a sequence or optional: those stay on the "
                                              "host")
+        elif on_device and len(providers) > 1 and self._between_host_nodes(info, in_slots,
+                                                                            constants):
+            providers = (self.host,)
+            self._decline(node_id, info, "its inputs come from host nodes and its outputs go "
+                                         "only to host nodes or graph outputs: kept on the "
+                                         "host, which saves copying them up and back")
         if info.op_type in _MAKES_CONTAINERS or _container_outputs(info):
             self._container_slots.update(s for s in out_slots if s is not None)
         reasons: list[str] = []
@@ -276,6 +287,8 @@ class Placer:
             if spec.host_outputs or (provider.on_host
                                      and self._is_shape_math(info, in_slots, constants)):
                 self._shape_slots.update(s for s in out_slots if s is not None)
+            if provider.on_host:
+                self._host_made.update(s for s in out_slots if s is not None)
             return spec, provider.name
         if self.placement.strict and not self.host_only and reasons:
             # the session will refuse to build, listing every decline: plan on the host
@@ -292,6 +305,28 @@ class Placer:
         if extra:
             spec = dataclasses.replace(spec, host_inputs=spec.host_inputs | extra)
         return spec, device.name
+
+    def _between_host_nodes(self, info: NodeInfo, in_slots: Sequence[int | None],
+                            constants: dict[int, Any]) -> bool:
+        """Whether the node is a conversion whose every input comes from a host node and
+        whose every reader is a graph output or a node the device provider has no kernel
+        for (a Cast after an ai.onnx.ml op, say): on the device it would be a round trip."""
+        node = info.node
+        live = [s for s in in_slots if s is not None and s not in constants]
+        if (node is None or info.domain != "" or info.op_type not in _CONVERSIONS or not live
+                or not all(s in self._host_made for s in live)):
+            return False
+        device = self._device
+        if device.claims(info) is not None:  # it falls back anyway, with the device's reason
+            return False
+        registry = device.registry
+        for value in node.outputs:
+            for use in value.uses():
+                reader = use.node
+                if reader.graph is not node.graph or registry.versions(reader.domain,
+                                                                       reader.op_type):
+                    return False
+        return True
 
     def _is_shape_math(self, info: NodeInfo, in_slots: Sequence[int | None],
                        constants: dict[int, Any]) -> bool:
