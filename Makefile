@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/onnxkiln demo
 
+# ruff, and the import contracts between the layers (no provider imports another; ops/
+# imports no provider): tests/test_layers.py, which the full suite runs too.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts examples
+	$(PY) -m pytest tests/test_layers.py
 
 # The documentation site (mkdocs + mkdocstrings) into build/site; any warning fails it.
 docs: $(STAMP)

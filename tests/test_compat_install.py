@@ -269,7 +269,7 @@ def test_noop_functions_return_none_like_onnxruntime():
 
 @pytest.fixture
 def fresh_seed():
-    from onnxkiln.providers.cpu import random
+    from onnxkiln.ops import random
 
     yield
     random.set_default_seed(None)

@@ -171,7 +171,8 @@ def test_scan_body_ops_are_child_spans():
     assert children[0].attributes["input_shapes"] == [(2,), (2,)]
 
 
-def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
+def _custom_relu_session(monkeypatch, run_factory, ctx, shape=(2, 2)):
+    """A session whose Relu is `run_factory(info)` from a registry of its own."""
     from onnxkiln import builder as builder_module
     from onnxkiln.partition import Placement
     from onnxkiln.providers.base import KernelRegistry
@@ -179,15 +180,7 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
     from onnxkiln.types import DeviceId, DeviceType
 
     registry = KernelRegistry("cpu")
-
-    @registry.kernel("Relu", factory=True, variant="relu.fast")
-    def relu(info):
-        def run(x):
-            fast = x.flags.c_contiguous
-            run.variant = "relu.fast" if fast else "relu.strided"
-            run.variant_reason = None if fast else "input is not C-contiguous"
-            return np.maximum(x, 0)
-        return run
+    registry.kernel("Relu", factory=True, variant="relu.fast")(run_factory)
 
     class Custom(CpuProvider):
         pass
@@ -196,10 +189,24 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
     placement = Placement((Custom(), CpuProvider()), DeviceId(DeviceType.CPU), "cpu", None)
     monkeypatch.setattr(builder_module, "select_providers", lambda *_: placement)
     model = make_model([helper.make_node("Relu", ["x"], ["y"])],
-                       [tensor_info("x", np.float32, [2, 2])],
-                       [tensor_info("y", np.float32, [2, 2])])
+                       [tensor_info("x", np.float32, list(shape))],
+                       [tensor_info("y", np.float32, list(shape))])
+    return InferenceSession.builder().trace(ctx).from_graph(model)
+
+
+def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
+    from onnxkiln.providers.base import report_variant
+
+    def relu(info):
+        def run(x):
+            fast = x.flags.c_contiguous
+            report_variant("relu.fast" if fast else "relu.strided",
+                           None if fast else "input is not C-contiguous")
+            return np.maximum(x, 0)
+        return run
+
     ctx = TraceContext.in_memory()
-    s = InferenceSession.builder().trace(ctx).from_graph(model)
+    s = _custom_relu_session(monkeypatch, relu, ctx)
     x = np.array([[1, -1], [-2, 2]], np.float32)
     s.run({"x": x})
     s.run({"x": np.asfortranarray(x.T)})
@@ -208,6 +215,54 @@ def test_kernel_variant_and_reason_come_from_the_kernel(monkeypatch):
     assert "kernel_variant_reason" not in first.attributes
     assert second.attributes["kernel_variant"] == "relu.strided"
     assert second.attributes["kernel_variant_reason"] == "input is not C-contiguous"
+
+
+def test_two_threads_with_different_shapes_trace_their_own_variants(monkeypatch):
+    """Each call reports its variant, then waits until the other thread's call has reported
+    too: a report shared between threads would show one thread the other's variant."""
+    import threading
+
+    from onnxkiln.providers.base import report_variant
+
+    both = threading.Barrier(2, timeout=10)
+
+    def relu(info):
+        def run(x):
+            report_variant(f"relu.rows{x.shape[0]}")
+            both.wait()
+            return np.maximum(x, 0)
+        return run
+
+    ctx = TraceContext.in_memory()
+    s = _custom_relu_session(monkeypatch, relu, ctx, shape=("n", 2))
+    errors = []
+
+    def call(rows):
+        try:
+            s.run({"x": np.ones((rows, 2), np.float32)})
+        except Exception as e:  # reported below: a thread's exception is otherwise lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(rows,)) for rows in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    seen = {(n.attributes["input_shapes"][0][0], n.attributes["kernel_variant"])
+            for n in _nodes(ctx)}
+    assert seen == {(1, "relu.rows1"), (3, "relu.rows3")}
+
+
+def test_a_report_from_an_untraced_call_is_not_taken_by_the_next_traced_step():
+    from onnxkiln.providers.base import report_variant
+
+    report_variant("stale.variant", "left by a call outside any trace")
+    ctx = TraceContext.in_memory()
+    s = InferenceSession.builder().trace(ctx).from_graph(_model())
+    s.run({"a": A, "b": B})
+    assert [n.attributes["kernel_variant"] for n in _nodes(ctx)] == [
+        "add.numpy", "relu.numpy", "mul.numpy"]
 
 
 def test_chrome_trace_is_an_ort_style_json_array(tmp_path):

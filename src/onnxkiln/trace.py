@@ -5,9 +5,10 @@ The executor checks `ctx.enabled` once per run and then runs either the plain ge
 plan function or its instrumented twin, which calls `StepTracer.start`/`finish` around
 each step. Ops inside If/Loop/Scan bodies become child spans of their node's span.
 
-A kernel may expose `variant` and `variant_reason` attributes (read after each call) to
-report which variant it ran and why a faster one was not taken; otherwise the registered
-variant name is used.
+A kernel that chooses its variant per call reports it with
+`providers.base.report_variant` (a per-thread report, read after the call); one whose
+variant is fixed when it is built exposes `variant` and `variant_reason` attributes;
+otherwise the registered variant name is used.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.dtypes import from_numpy
+from onnxkiln.providers.base import reported_variant
 
 __all__ = [
     "OpTime",
@@ -229,6 +231,7 @@ class StepTracer:
             op.otel = _otel_start(ctx._tracer, self._meta[index][0], op.parent,
                                   time.perf_counter_ns() + ctx._epoch)
         _local.parent = op
+        reported_variant()  # a report left by an untraced call is not this step's
         op.start = time.perf_counter_ns() + ctx._epoch
         return op
 
@@ -237,16 +240,21 @@ class StepTracer:
         end = time.perf_counter_ns() + self._ctx._epoch
         _local.parent = op.parent
         name, kernel, variant, static = self._meta[op.index]
+        made = reported_variant()
+        if made is not None:
+            chosen, reason = made
+        else:
+            chosen, reason = getattr(kernel, "variant", None), getattr(kernel, "variant_reason",
+                                                                        None)
         in_shapes, in_dtypes = _describe(ins)
         out_shapes, out_dtypes = _describe(outs)
         attributes = {
             **static,
-            "kernel_variant": getattr(kernel, "variant", None) or variant,
+            "kernel_variant": chosen or variant,
             "input_shapes": in_shapes, "input_dtypes": in_dtypes,
             "output_shapes": out_shapes, "output_dtypes": out_dtypes,
             "thread_id": self._tid,
         }
-        reason = getattr(kernel, "variant_reason", None)
         if reason:
             attributes["kernel_variant_reason"] = reason
         self._ctx._close(op, name, "node", attributes, end)

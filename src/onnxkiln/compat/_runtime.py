@@ -40,7 +40,7 @@ def get_build_info() -> str:
 def set_seed(seed: int) -> None:
     """Seed the random ops (RandomNormal, RandomUniform, Bernoulli, Multinomial...) that have
     no `seed` attribute, in sessions built afterwards: the same seed gives the same draws."""
-    from onnxkiln.providers.cpu import random
+    from onnxkiln.ops import random
 
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidOptionError(f"set_seed takes an int, got {seed!r}")

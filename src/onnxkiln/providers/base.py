@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,9 +26,31 @@ __all__ = [
     "Subgraph",
     "normalize_domain",
     "registry_claims",
+    "report_variant",
+    "reported_variant",
 ]
 
 Kernel = Callable[..., Any]
+
+_choice = threading.local()
+
+
+def report_variant(variant: str, reason: str | None = None) -> None:
+    """Say which variant this call of a kernel ran, and why a faster one was not taken
+    (None: it was), for the trace span of the step in progress on this thread.
+
+    For kernels that choose per call. A kernel's own `variant` attribute is for what is
+    fixed when it is built: set per call, it would race between two threads running one
+    session with different shapes."""
+    _choice.made = (variant, reason)
+
+
+def reported_variant() -> tuple[str, str | None] | None:
+    """The report made on this thread since the last call (None: none), taken."""
+    made = getattr(_choice, "made", None)
+    if made is not None:
+        _choice.made = None
+    return made
 
 
 class CaptureSupport(enum.Enum):

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxkiln.providers.cpu._special import erf, expit
+from onnxkiln.ops.special import erf, expit
 
 ROOT = Path(__file__).resolve().parents[3]
 F32, F64 = np.float32, np.float64

@@ -31,10 +31,11 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from onnxkiln.ops.window import Geometry
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.cpu import _gemm, _numba
 from onnxkiln.providers.cpu._gemm import matmul_split, plan_split, split_ranges
-from onnxkiln.providers.cpu._window import Geometry, padded_copy
+from onnxkiln.providers.cpu._window import padded_copy
 
 __all__ = ["CL_MAX_POSITIONS", "Epilogue", "depthwise_call", "epilogue_for", "finisher",
            "im2col_call", "one_by_one_call", "per_image_call"]

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _row_kernels, _special
+from onnxkiln.ops import special
+from onnxkiln.providers.base import NodeInfo, report_variant
+from onnxkiln.providers.cpu import _row_kernels
 from onnxkiln.providers.cpu.math import (
     _BF16,
     _F32,
@@ -360,7 +361,7 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
 
         def run(x: Array) -> Array:
             y = np.multiply(x, _SQRT1_2, out=np.empty_like(x))
-            _special.erf(y, out=y)
+            special.erf(y, out=y)
             np.add(y, 1, out=y)
             np.multiply(y, x, out=y)
             return np.multiply(y, 0.5, out=y)
@@ -396,7 +397,7 @@ def gelu(info: NodeInfo) -> Callable[..., Any]:
             if x.dtype == _F32 and fast.ready():
                 return _row_kernels.gelu_rows(fast.fn, x, None, tanh)
             if fast.reason:  # numba did not import after all
-                k.variant, k.variant_reason = "gelu.numpy", fast.reason
+                report_variant("gelu.numpy", fast.reason)
             return numpy_run(x)
 
     k = _float_kernel(info, run)

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.dtypes import DataType, to_numpy
+from onnxkiln.ops.attrs import attr_str, decode_strings
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._tensor_util import attr_str, decode_strings
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["cast", "cast_like", "target_type"]

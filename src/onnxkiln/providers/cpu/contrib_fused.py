@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 import ml_dtypes
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _special
+from onnxkiln.ops.attrs import attr_str
+from onnxkiln.ops.special import expit
+from onnxkiln.providers.base import NodeInfo, report_variant, reported_variant
 from onnxkiln.providers.cpu._conv_special import epilogue_for
 from onnxkiln.providers.cpu._gemm import constant_product
-from onnxkiln.providers.cpu._tensor_util import attr_str, const_input
+from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.conv import conv as _onnx_conv
 from onnxkiln.providers.cpu.linalg import gemm as _onnx_gemm
 from onnxkiln.providers.cpu.registry import kernel
@@ -48,7 +49,7 @@ def _tanh(y):
 
 
 def _sigmoid(y):
-    return _special.expit(y, out=y)
+    return expit(y, out=y)
 
 
 def _hard_swish(y):
@@ -59,7 +60,7 @@ def _hard_swish(y):
 
 
 def _silu(y):
-    return np.multiply(y, _special.expit(y), out=y)
+    return np.multiply(y, expit(y), out=y)
 
 
 def _softsign(y):
@@ -294,10 +295,11 @@ def fused_conv_kernel(info: NodeInfo, allowed: tuple[str, ...]) -> Callable[...,
 
     def run(x: np.ndarray, w: np.ndarray, b=None, z=None) -> np.ndarray:
         y = conv(x, w, b)
-        inner = getattr(conv, "variant", None)  # the Conv path this shape took, for traces
+        made = reported_variant()  # the Conv path this shape took, for traces
+        inner, why = made if made is not None else (getattr(conv, "variant", None),
+                                                    getattr(conv, "variant_reason", None))
         if inner:
-            run.variant = "fusedconv." + inner.split(".", 1)[-1]
-            run.variant_reason = getattr(conv, "variant_reason", None)
+            report_variant("fusedconv." + inner.split(".", 1)[-1], why)
         if z is not None:
             if z.shape != y.shape:
                 raise ValueError(f"{op}: Z must have the output's shape {y.shape}, got {z.shape}")

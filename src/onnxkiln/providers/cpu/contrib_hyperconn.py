@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops.special import expit
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._special import expit
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.registry import kernel
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops import special
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu.contrib_transformer import MS, rotary_embedding_ms
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -34,7 +34,7 @@ def scaled_silu(info: NodeInfo) -> Callable[..., np.ndarray]:
             raise ValueError(f"ScaledSiLU: scale must be a scalar, got shape {scale.shape}")
         s = alpha if scale is None else float(scale.reshape(-1)[0].astype(_F32))
         z = (x.astype(_F32) * _F32.type(s)).astype(x.dtype)
-        sig = _special.expit(z.astype(_F32)).astype(x.dtype)
+        sig = special.expit(z.astype(_F32)).astype(x.dtype)
         return (z.astype(_F32) * sig.astype(_F32)).astype(x.dtype)
 
     return run
@@ -82,7 +82,7 @@ def gated_rms_norm(info: NodeInfo) -> Callable[..., np.ndarray]:
         xf = x.astype(_F32).reshape(*x.shape[:-1], -1, c)
         g = gate.astype(_F32).reshape(xf.shape)
         inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + _F32.type(eps))
-        sig = _special.expit(g)
+        sig = special.expit(g)
         y = xf * inv * scale.astype(_F32) * (sig if act == "sigmoid" else g * sig)
         return y.reshape(x.shape).astype(x.dtype)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops import special
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -69,13 +69,13 @@ class _Expert:
             if self.limit is not None:
                 g = np.minimum(g, self.limit)
                 lin = np.clip(lin, -self.limit, self.limit)
-            return g * _special.expit(self.alpha * g) * (lin + self.beta)
+            return g * special.expit(self.alpha * g) * (lin + self.beta)
         if self.act == "relu":
             out = np.maximum(h, np.float32(0))
         elif self.act == "gelu":
             out = _gelu(h)
         elif self.act == "silu":
-            out = h * _special.expit(h)
+            out = h * special.expit(h)
         else:
             out = h
         return out if lin is None else out * lin

@@ -31,7 +31,6 @@ use that float32 matrix and BLAS.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -39,14 +38,22 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
+from onnxkiln.ops.nbits import (
+    NBitsGeometry,
+    block_zero_points,
+    check_packing,
+    dequantize_weight,
+    nbits_geometry,
+    unpack_bits,
+)
 from onnxkiln.pool import active_threads, parallel_for
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba
 from onnxkiln.providers.cpu._gemm import THIN_CHUNKS, timed_split
 from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.registry import kernel
 
-__all__ = ["NbitsMatMul", "unpack_bits"]
+__all__ = ["NbitsMatMul"]
 
 MS = "com.microsoft"
 OP = "MatMulNBits"
@@ -58,101 +65,6 @@ NUMBA_ROWS_MAX = 16
 """Rows of A up to which the numba kernel runs (decode steps, small batches); beyond, BLAS on
 the float32 matrix wins: it computes each weight once for all rows."""
 INT8_BLOCKS_2BIT = (32, 64, 128)  # the block sizes onnxruntime's 2-bit int8 kernel takes
-
-
-def unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 values packed `8 // bits` to a byte (low bits first) along the last axis, unpacked.
-
-    The result has `packed.shape[-1] * 8 // bits` entries on the last axis (uint8).
-    """
-    if bits == 8:
-        return packed
-    per = 8 // bits
-    shifts = np.arange(0, 8, bits, dtype=_U8)
-    out = np.right_shift(packed[..., None], shifts)
-    np.bitwise_and(out, _U8.type((1 << bits) - 1), out=out)
-    return out.reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _NBitsGeometry:
-    k: int
-    n: int
-    bits: int
-    block: int
-    n_blocks: int
-    blob: int
-
-
-def _check_packing(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray) -> None:
-    if b.dtype != _U8:
-        raise TypeError(f"{OP}: B must be uint8, got {b.dtype}")
-    if b.shape != (g.n, g.n_blocks, g.blob):
-        raise ValueError(
-            f"{OP}: B must have shape (N, k_blocks, blob_size) = ({g.n}, {g.n_blocks}, {g.blob}) "
-            f"for K={g.k}, N={g.n}, bits={g.bits}, block_size={g.block}; got {b.shape}"
-        )
-    if scales.dtype not in _FLOATS:
-        raise TypeError(f"{OP}: scales must be float32/float16/bfloat16, got {scales.dtype}")
-    if scales.size != g.n * g.n_blocks:
-        raise ValueError(
-            f"{OP}: scales must have N * k_blocks = {g.n * g.n_blocks} values (shape "
-            f"({g.n}, {g.n_blocks})), got shape {scales.shape}"
-        )
-
-
-def _zero_points(g: _NBitsGeometry, zp: np.ndarray | None) -> np.ndarray:
-    """Zero points as float32 (N, k_blocks): 2^(bits-1) when absent, unpacked from uint8."""
-    if zp is None:
-        return np.full((g.n, g.n_blocks), float(1 << (g.bits - 1)), _F32)
-    if zp.dtype == _U8:
-        per_row = -(-g.n_blocks * g.bits // 8)
-        if zp.size != g.n * per_row:
-            raise ValueError(
-                f"{OP}: packed uint8 zero_points must have shape (N, ceil(k_blocks * bits / 8)) "
-                f"= ({g.n}, {per_row}), got {zp.shape}"
-            )
-        return unpack_bits(zp.reshape(g.n, per_row), g.bits)[:, : g.n_blocks].astype(_F32)
-    if zp.dtype not in _FLOATS:
-        raise TypeError(f"{OP}: zero_points must be packed uint8 or scales' float type, got "
-                        f"{zp.dtype}")
-    if zp.size != g.n * g.n_blocks:
-        raise ValueError(
-            f"{OP}: zero_points of type {zp.dtype} must have shape (N, k_blocks) = "
-            f"({g.n}, {g.n_blocks}), got {zp.shape}"
-        )
-    return zp.reshape(g.n, g.n_blocks).astype(_F32)
-
-
-def _group_index(g: _NBitsGeometry, g_idx: np.ndarray) -> np.ndarray | None:
-    """g_idx as int64 (K,), or None when it is the trivial k // block_size."""
-    gi = g_idx.reshape(-1).astype(np.int64)
-    if gi.shape[0] != g.k:
-        raise ValueError(f"{OP}: g_idx must have K = {g.k} entries, got {g_idx.shape}")
-    if gi.size and (gi.min() < 0 or gi.max() >= g.n_blocks):
-        raise IndexError(f"{OP}: g_idx values must lie in [0, {g.n_blocks}), got "
-                         f"[{int(gi.min())}, {int(gi.max())}]")
-    return None if np.array_equal(gi, np.arange(g.k) // g.block) else gi
-
-
-def _nbits_weight(g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None,
-                  g_idx: np.ndarray | None) -> np.ndarray:
-    """The dequantized weight W (N, K) in float32: (q - zero_point) * scale per K block."""
-    _check_packing(g, b, scales)
-    q = unpack_bits(b, g.bits).reshape(g.n, g.n_blocks, g.block)
-    s = scales.reshape(g.n, g.n_blocks).astype(_F32)
-    z = _zero_points(g, zp)
-    gi = None if g_idx is None else _group_index(g, g_idx)
-    if gi is not None:  # act-order: a block per K row
-        w = q.reshape(g.n, -1)[:, : g.k].astype(_F32)
-        w -= z[:, gi]
-        w *= s[:, gi]
-        return w
-    w = q.astype(_F32)
-    w -= z[:, :, None]
-    w *= s[:, :, None]
-    w = w.reshape(g.n, g.n_blocks * g.block)
-    return np.ascontiguousarray(w[:, : g.k]) if g.n_blocks * g.block != g.k else w
 
 
 def _tiles(v: np.ndarray, width: int) -> np.ndarray:
@@ -216,13 +128,13 @@ class NbitsMatMul:
     numpy path, column tiles for numba) is built on first use and kept for the node.
     """
 
-    def __init__(self, g: _NBitsGeometry, b: np.ndarray, scales: np.ndarray,
+    def __init__(self, g: NBitsGeometry, b: np.ndarray, scales: np.ndarray,
                  zp: np.ndarray | None, int8: bool) -> None:
-        _check_packing(g, b, scales)
+        check_packing(g, b, scales)
         self.g, self.int8 = g, int8
         self._b = b
         self._s = scales.reshape(g.n, g.n_blocks).astype(_F32)
-        self._z = _zero_points(g, zp)
+        self._z = block_zero_points(g, zp)
         self._dense: np.ndarray | None = None  # W.T (K, N), dequantized
         self._ints: np.ndarray | None = None  # (k_blocks, block, N): q - zero_point
         self._tiled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -433,27 +345,15 @@ def _present(info: NodeInfo, i: int) -> bool:
     return bool(p[i]) if i < len(p) else i < info.n_inputs
 
 
-def _geometry(info: NodeInfo) -> _NBitsGeometry:
-    attrs = info.attrs
-    for name in ("K", "N", "block_size"):
-        if attrs.get(name) is None:
-            raise ValueError(f"{OP}: attribute '{name}' is required")
-    k, n, block = int(attrs["K"]), int(attrs["N"]), int(attrs["block_size"])
-    bits = int(attrs.get("bits", 4))
-    if bits not in (2, 4, 8):
-        raise ValueError(f"{OP}: bits must be one of [2, 4, 8], got {bits}")
-    if k < 1 or n < 1:
-        raise ValueError(f"{OP}: K and N must be >= 1, got K={k}, N={n}")
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"{OP}: block_size must be a power of 2 >= 16, got {block}")
-    if int(attrs.get("weight_prepacked", 0) or 0):
-        raise ValueError(f"{OP}: weight_prepacked={attrs['weight_prepacked']} is a CUDA layout; "
-                         f"only 0 (not prepacked) is supported on the CPU")
-    n_blocks = -(-k // block)
-    return _NBitsGeometry(k, n, bits, block, n_blocks, block * bits // 8)
+def _geometry(info: NodeInfo) -> NBitsGeometry:
+    g = nbits_geometry(info.attrs)
+    if int(info.attrs.get("weight_prepacked", 0) or 0):
+        raise ValueError(f"{OP}: weight_prepacked={info.attrs['weight_prepacked']} is a CUDA "
+                         f"layout; only 0 (not prepacked) is supported on the CPU")
+    return g
 
 
-def _check(g: _NBitsGeometry, a: np.ndarray, bias: np.ndarray | None) -> None:
+def _check(g: NBitsGeometry, a: np.ndarray, bias: np.ndarray | None) -> None:
     if a.ndim < 1 or a.shape[-1] != g.k:
         raise ValueError(f"{OP}: A's last dim must be K = {g.k}, got shape {a.shape}")
     if a.dtype not in _FLOATS:
@@ -462,7 +362,7 @@ def _check(g: _NBitsGeometry, a: np.ndarray, bias: np.ndarray | None) -> None:
         raise ValueError(f"{OP}: bias must have N = {g.n} values, got shape {bias.shape}")
 
 
-def _finish(g: _NBitsGeometry, y2: np.ndarray, a: np.ndarray, bias: np.ndarray | None
+def _finish(g: NBitsGeometry, y2: np.ndarray, a: np.ndarray, bias: np.ndarray | None
             ) -> np.ndarray:
     """The (M, N) float32 product shaped like A, plus bias, in A's dtype."""
     y = y2.reshape(*a.shape[:-1], g.n)
@@ -493,11 +393,12 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         _check(g, a, bias)
         a2 = a.reshape(-1, g.k).astype(_F32, copy=False)
         if engine is not None:
-            y2, run.variant, run.variant_reason = engine.rows(a2)
+            y2, variant, why = engine.rows(a2)
+            report_variant(variant, why)
         elif b.size == 0:  # an omitted projection: zeros (plus bias)
             y2 = np.zeros((a2.shape[0], g.n), _F32)
         else:
-            y2 = a2 @ _nbits_weight(g, b, scales, zero_points, g_idx).T
+            y2 = a2 @ dequantize_weight(g, b, scales, zero_points, g_idx).T
         return _finish(g, y2, a, bias)
 
     def specialize(dtypes, shapes, consts):

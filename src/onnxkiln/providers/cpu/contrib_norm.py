@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu.contrib_transformer import MS, _cdt, _f, _float, _wants
 from onnxkiln.providers.cpu.registry import kernel
@@ -95,7 +95,7 @@ def _skip_norm_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
                 total.reshape(x.shape).astype(x.dtype, copy=False) if want_sum else None,
             )
         if fast is not None and fast.reason:
-            run.variant, run.variant_reason = f"{op.lower()}.numpy", fast.reason
+            report_variant(f"{op.lower()}.numpy", fast.reason)
         s = np.add(_f(x, cdt), _f(skip, cdt))
         if bias is not None:
             s += _f(bias, cdt).reshape(-1)
@@ -202,7 +202,7 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
         stat = (*lead, *(1,) * (x.ndim - ax))
         if (fast is not None and cdt == cdt0 and n and rows and scale.shape == x.shape[ax:]
                 and (b is None or b.shape == x.shape[ax:]) and fast.ready()):
-            run.variant, run.variant_reason = f"{tag}.numba", None
+            report_variant(f"{tag}.numba")
             y2, mean, inv, _ = _numba.norm_rows(fast.fn, _f(x, cdt).reshape(rows, n), scale, b,
                                                 eps, simplified)
             y = y2.reshape(x.shape).astype(out_dt, copy=False)
@@ -212,10 +212,9 @@ def _norm_axis_factory(info: NodeInfo, simplified: bool) -> Callable[..., tuple]
             y = np.empty(x.shape, out_dt)
             mean = inv = np.zeros((rows, 1), cdt)
         else:
-            run.variant = f"{tag}.numpy"
-            run.variant_reason = _numba.disabled_reason() or (
+            report_variant(f"{tag}.numpy", _numba.disabled_reason() or (
                 fast.reason or "scale/bias shapes differ from the normalized dims"
-                if fast is not None else None)
+                if fast is not None else None))
             y2, mean, inv = _layer_norm_rows(x.reshape(rows, n).astype(cdt), eps, simplified)
             y = y2.reshape(x.shape)
             try:

@@ -16,9 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops import special
+from onnxkiln.ops.attrs import norm_axis
+from onnxkiln.ops.window import pool_geometry, window_counts
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _special
-from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu._window import padded_copy
 from onnxkiln.providers.cpu.contrib_quant import _present
 from onnxkiln.providers.cpu.registry import kernel
@@ -188,7 +190,7 @@ def _lut_kernel(op: str, fn: Callable[[np.ndarray], None]) -> Callable[..., np.n
 @kernel("QLinearSigmoid", since=1, domain=MS, factory=True, variant="qlinearsigmoid.lut")
 def qlinear_sigmoid(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Y = quantize(sigmoid(dequantize(X))), through a 256-entry table per parameter set."""
-    return _lut_kernel("QLinearSigmoid", lambda v: _special.expit(v, out=v))
+    return _lut_kernel("QLinearSigmoid", lambda v: special.expit(v, out=v))
 
 
 @kernel("QLinearLeakyRelu", since=1, domain=MS, factory=True, variant="qlinearleakyrelu.lut")
@@ -443,7 +445,7 @@ def qlinear_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
     As onnxruntime: each window is summed in float32 one tap at a time in row-major kernel
     order (a float AveragePool's separable sums round differently, which moves ties), then
     divided by the window count and y_scale, and y_zero_point added before rounding."""
-    from onnxkiln.providers.cpu.pool import _argmax_taps, _pool_geometry, _window_counts
+    from onnxkiln.providers.cpu.pool import _argmax_taps
 
     op = "QLinearAveragePool"
     attrs = {k: v for k, v in info.attrs.items() if k != "channels_last"}
@@ -453,14 +455,14 @@ def qlinear_average_pool(info: NodeInfo) -> Callable[..., np.ndarray]:
         raise ValueError(f"{op}: attribute 'kernel_shape' is required")
 
     def pool(v: np.ndarray) -> np.ndarray:
-        geo = _pool_geometry(attrs, v.shape)
+        geo = pool_geometry(attrs, v.shape)
         if geo.needs_pad:
             v = padded_copy(v, geo, 0, _F32)
         taps = _argmax_taps(geo)
         acc = v[taps[0]].copy()
         for tap in taps[1:]:
             acc += v[tap]
-        return np.divide(acc, np.asarray(_window_counts(geo, include_pad), _F32), out=acc)
+        return np.divide(acc, np.asarray(window_counts(geo, include_pad), _F32), out=acc)
 
     def run(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None) -> np.ndarray:
         dt = _qtype(op, x, "X")

@@ -15,13 +15,11 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from onnxkiln.ops.attrs import norm_axis
+from onnxkiln.ops.nbits import unpack_bits
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
-from onnxkiln.providers.cpu.contrib_nbits import (  # noqa: F401  (MatMulNBits lives there)
-    _nbits_weight,
-    _NBitsGeometry,
-    unpack_bits,
-)
+from onnxkiln.providers.cpu import contrib_nbits  # noqa: F401  (registers MatMulNBits)
+from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.quant import (
     dequantize_linear as _onnx_dequantize_linear,
 )
@@ -33,7 +31,7 @@ from onnxkiln.providers.cpu.quant import (
 )
 from onnxkiln.providers.cpu.registry import kernel
 
-__all__ = ["unpack_bits"]
+__all__: list[str] = []
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)

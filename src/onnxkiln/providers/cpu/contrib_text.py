@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu._re2 import compile_re2
-from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.text import _object_array, _strings
 

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu import _numba, _row_kernels, _special
+from onnxkiln.ops import special
+from onnxkiln.providers.base import CaptureSupport, NodeInfo, report_variant
+from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu.index import trilu as _onnx_trilu
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.providers.cpu.tensor import range_ as _onnx_range
@@ -60,7 +61,7 @@ def _wants(info: NodeInfo, i: int) -> bool:
 def gelu_inplace(t: np.ndarray) -> np.ndarray:
     """Exact GELU of a fresh float32/float64 array, in place."""
     e = np.multiply(t, t.dtype.type(_SQRT1_2))
-    _special.erf(e, out=e)
+    special.erf(e, out=e)
     e += 1
     t *= e
     t *= t.dtype.type(0.5)
@@ -95,7 +96,7 @@ def _biased(x: np.ndarray, bias: np.ndarray | None, op: str) -> np.ndarray:
 
 def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
     """GELU of X (+ a 1-D bias over the last axis): the float32 numba kernel when numba is
-    on, else numpy (`_special.erf`, or the tanh form)."""
+    on, else numpy (`special.erf`, or the tanh form)."""
     op = info.op_type
     tag = op.lower()
     numpy_variant = f"{tag}.{'tanh' if tanh else 'erf'}"
@@ -116,7 +117,7 @@ def _gelu_factory(info: NodeInfo, tanh: bool) -> Callable[..., np.ndarray]:
             y = _row_kernels.gelu_rows(fast.fn, xc, None if bias is None else _f(bias, _F32), tanh)
             return y.astype(x.dtype, copy=False)
         if fast is not None and fast.reason:
-            run.variant, run.variant_reason = numpy_variant, fast.reason
+            report_variant(numpy_variant, fast.reason)
         return slow(_biased(x, bias, op)).astype(x.dtype, copy=False)
 
     run.variant = f"{tag}.numba" if fast is not None else numpy_variant
@@ -150,7 +151,7 @@ def quick_gelu(info: NodeInfo) -> Callable[[np.ndarray], np.ndarray]:
     def run(x: np.ndarray) -> np.ndarray:
         t = _biased(x, None, "QuickGelu")
         g = np.multiply(t, t.dtype.type(alpha))
-        _special.expit(g, out=g)
+        special.expit(g, out=g)
         t *= g
         return t.astype(x.dtype, copy=False)
 

@@ -11,15 +11,10 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.ops.window import Geometry, conv_geometry, int_tuple, transpose_pads
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _conv_special, _numba
-from onnxkiln.providers.cpu._window import (
-    Geometry,
-    compute_dtype,
-    geometry,
-    int_tuple,
-    padded_copy,
-)
+from onnxkiln.providers.cpu._window import compute_dtype, padded_copy
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.schema import positive_int_attr
 
@@ -104,23 +99,6 @@ class _ConvPlan:
     reason: str | None = None  # why a faster variant was not taken
 
 
-def _conv_geometry(attrs: dict, x_shape: tuple, w_shape: tuple) -> Geometry:
-    nsp = len(x_shape) - 2
-    kernel_shape = tuple(w_shape[2:])
-    given = attrs.get("kernel_shape")
-    if given is not None and len(given) > 0 and tuple(int(k) for k in given) != kernel_shape:
-        raise ValueError(f"kernel_shape {list(given)} does not match W spatial dims "
-                         f"{list(kernel_shape)}")
-    return geometry(
-        x_shape[2:],
-        kernel_shape,
-        int_tuple(attrs.get("strides"), nsp, 1, "strides"),
-        int_tuple(attrs.get("dilations"), nsp, 1, "dilations"),
-        int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads"),
-        attrs.get("auto_pad") or "NOTSET",
-    )
-
-
 def _conv_kind(w_shape: tuple, group: int) -> str:
     return "depthwise" if group > 1 and w_shape[0] == group and w_shape[1] == 1 else "im2col"
 
@@ -134,7 +112,7 @@ def _plan_conv(
     attrs: dict, group: int, x_shape: tuple, w_shape: tuple, fast: Callable | None = None,
     fast_reason: str | None = None,
 ) -> _ConvPlan:
-    geo = _conv_geometry(attrs, x_shape, w_shape)
+    geo = conv_geometry(attrs, x_shape, w_shape)
     n = x_shape[0]
     out_shape = (n, w_shape[0], *geo.out)
     kind = _conv_kind(w_shape, group)
@@ -332,7 +310,7 @@ def conv(info: NodeInfo):
         cdt = compute_dtype(x.dtype)
         _check_channels("Conv", x, w, group, transpose=False)
         plan = plan_for(x.shape, w.shape, cdt)
-        run.variant, run.variant_reason = plan.variant, plan.reason
+        report_variant(plan.variant, plan.reason)
         return execute(plan, x, w, b, cdt)
 
     def specialize(dtypes, shapes, consts, epilogue=None):
@@ -419,41 +397,6 @@ class _TransposePlan:
     crop: tuple[slice, ...]
 
 
-def _transpose_pads(attrs: dict, in_sp, k, s, d, out_pad) -> tuple[list, list, list]:
-    """(pads_begin, pads_end, output size) per the ConvTranspose rules."""
-    nsp = len(in_sp)
-    auto_pad = attrs.get("auto_pad") or "NOTSET"
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    full = [s[i] * (in_sp[i] - 1) + out_pad[i] + (k[i] - 1) * d[i] + 1 for i in range(nsp)]
-    out_shape = attrs.get("output_shape")
-    if out_shape is not None and len(out_shape) > 0:
-        out = [int(v) for v in out_shape][-nsp:]
-        if len(out) != nsp:
-            raise ValueError(f"output_shape {list(out_shape)} must have {nsp} spatial sizes")
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        # in * stride, but never below the unpadded size (onnx shape inference and onnxruntime
-        # clamp the total padding at 0, e.g. for a 1x1 kernel with stride 2)
-        out = [min(in_sp[i] * s[i], full[i]) for i in range(nsp)]
-    elif auto_pad in ("NOTSET", "VALID"):
-        pads = int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads")
-        if auto_pad == "VALID":
-            pads = (0,) * (2 * nsp)
-        out = [full[i] - pads[i] - pads[i + nsp] for i in range(nsp)]
-        if min(out) < 1:
-            raise ValueError(f"ConvTranspose output size {out} is empty (pads {list(pads)})")
-        return list(pads[:nsp]), list(pads[nsp:]), out
-    else:
-        raise ValueError(
-            f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}"
-        )
-    total = [full[i] - out[i] for i in range(nsp)]
-    if auto_pad == "SAME_UPPER":
-        begin = [t // 2 for t in total]
-    else:
-        begin = [t - t // 2 for t in total]
-    return begin, [t - b for t, b in zip(total, begin)], out
-
-
 def _plan_transpose(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> _TransposePlan:
     nsp = len(x_shape) - 2
     in_sp = tuple(x_shape[2:])
@@ -464,7 +407,7 @@ def _plan_transpose(attrs: dict, group: int, x_shape: tuple, w_shape: tuple) -> 
     s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
     d = int_tuple(attrs.get("dilations"), nsp, 1, "dilations")
     out_pad = int_tuple(attrs.get("output_padding"), nsp, 0, "output_padding")
-    begin, _, out = _transpose_pads(attrs, in_sp, k, s, d, out_pad)
+    begin, _, out = transpose_pads(attrs, in_sp, k, s, d, out_pad)
     m = w_shape[1] * group
     out_shape = (x_shape[0], m, *out)
     lo = [min(0, b) for b in begin]

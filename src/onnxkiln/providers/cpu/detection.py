@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu import _numba
-from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu._window import compute_dtype
 from onnxkiln.providers.cpu.registry import kernel
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu._gemm import matmul as pool_matmul
 from onnxkiln.providers.cpu.activation import sigmoid as _sigmoid_kernel
@@ -108,7 +108,7 @@ def fused_matmul_bias(info: NodeInfo) -> Callable[..., np.ndarray]:
         if fast is not None and y.dtype == np.float32 and fast.ready():  # bias, GELU: 1 pass
             return _row_kernels.gelu_rows(fast.fn, y, bias, tanh, out=y).reshape(*lead, b.shape[1])
         if fast is not None and fast.reason:
-            run.variant, run.variant_reason = "matmulbias.blas", fast.reason
+            report_variant("matmulbias.blas", fast.reason)
         y += bias
         if act is not None:
             act(y)
@@ -164,7 +164,7 @@ def scaled_dot_product_attention(info: NodeInfo) -> Callable[..., np.ndarray]:
         if mask is not None:
             s = _apply_mask(s, mask, mode, fill)
         if fast is not None and not fast.ready():
-            run.variant, run.variant_reason = "sdpa.blas", fast.reason
+            report_variant("sdpa.blas", fast.reason)
         return pool_matmul(_softmax_last_(s, fast.fn if fast is not None else None), v)
 
     run.variant = "sdpa.blas_numba" if fast is not None else "sdpa.blas"

@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str
+from onnxkiln.ops.window import int_tuple
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._tensor_util import attr_str
-from onnxkiln.providers.cpu._window import compute_dtype, int_tuple
+from onnxkiln.providers.cpu._window import compute_dtype
 from onnxkiln.providers.cpu.registry import kernel
 from onnxkiln.schema import positive_int_attr
 

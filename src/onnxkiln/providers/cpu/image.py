@@ -12,9 +12,10 @@ import math
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str, norm_axes
+from onnxkiln.ops.window import int_tuple
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu._tensor_util import attr_str, norm_axes, to_ints
-from onnxkiln.providers.cpu._window import int_tuple
+from onnxkiln.providers.cpu._tensor_util import to_ints
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = ["center_crop_pad", "col2im", "depth_to_space", "image_decoder", "space_to_depth"]

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.pool import active_threads, parallel_for
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _gemm
 from onnxkiln.providers.cpu._gemm import (
     Split,
@@ -95,7 +95,7 @@ def matmul(info: NodeInfo) -> Callable[..., np.ndarray]:
     inner = kernel_fn
 
     def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        run.variant = _matmul_variant(a.ndim, b.ndim)
+        report_variant(_matmul_variant(a.ndim, b.ndim))
         return inner(a, b)
 
     run.variant = "matmul.blas"

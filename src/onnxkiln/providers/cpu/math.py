@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.dtypes import to_numpy
+from onnxkiln.ops import special
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu import _special
 from onnxkiln.providers.cpu._elementwise import ufunc_specializer
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -294,20 +294,20 @@ for _op, _ufunc in (
 def _erf_any(x: Array, out: Array = None) -> Array:
     dt = x.dtype
     if dt in (_F32, _F64) and out is not None:
-        return _special.erf(x, out=donated(x, out))
+        return special.erf(x, out=donated(x, out))
     if dt in _LOW_FLOATS:
-        return _special.erf(x.astype(_F32)).astype(dt)
+        return special.erf(x.astype(_F32)).astype(dt)
     if dt.kind in "iu":  # opset 9-12 allow ints: erf in float64, truncated back
-        return _special.erf(x.astype(_F64)).astype(dt)
-    return _special.erf(x)
+        return special.erf(x.astype(_F64)).astype(dt)
+    return special.erf(x)
 
 
 @kernel("Erf", since=9, factory=True, inplace=(0,))
 def erf(info: NodeInfo) -> Callable[..., Any]:
-    """Erf (`_special.erf`, within 1 ulp in float32); float16/bfloat16 through float32."""
+    """Erf (`special.erf`, within 1 ulp in float32); float16/bfloat16 through float32."""
     dt = input_dtype(info, 0)
     if dt is not None and dt in (_F32, _F64):
-        return _special.erf
+        return special.erf
     return _erf_any
 
 

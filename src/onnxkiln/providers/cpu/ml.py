@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.dtypes import DataType
-from onnxkiln.providers.base import CaptureSupport, NodeInfo
+from onnxkiln.ops.attrs import attr_str, attr_tensor
+from onnxkiln.providers.base import CaptureSupport, NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba
-from onnxkiln.providers.cpu._tensor_util import attr_str, attr_tensor
 from onnxkiln.providers.cpu.ml_common import ML, as_features, string_list
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -152,10 +152,10 @@ def normalizer(info: NodeInfo):
         if handle is not None and handle.ready():
             y = np.empty(v.shape, _F32)
             handle.fn(np.ascontiguousarray(v), code, y)
-            run.variant, run.variant_reason = "normalizer.numba", None
+            report_variant("normalizer.numba")
             return y.reshape(x.shape)
-        run.variant = "normalizer.numpy"
-        run.variant_reason = handle.reason if handle is not None else _numba.disabled_reason()
+        report_variant("normalizer.numpy",
+                       handle.reason if handle is not None else _numba.disabled_reason())
         return _normalize(v, norm).reshape(x.shape)
 
     return run

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str, attr_tensor
 from onnxkiln.providers.cpu import _numba
-from onnxkiln.providers.cpu._tensor_util import attr_str, attr_tensor
 
 __all__ = [
     "ML",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.ops.attrs import attr_str
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba
-from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu.ml_common import (
     ML,
     Finish,
@@ -136,7 +136,7 @@ def _linear_classifier(coef, intercepts, labels, strings, post, n_classes):
         scores += b
         if n_classes > 1:
             out = finish(scores, None)
-            run.variant, run.variant_reason = finish.variant(op), finish.reason
+            report_variant(finish.variant(op), finish.reason)
             return out
         s = scores[:, 0]
         y = np.where(s > 0, labels[1], labels[0])
@@ -186,7 +186,7 @@ def linear_regressor(info: NodeInfo):
         scores = v @ w
         scores += b
         out = finish(scores, None)
-        run.variant, run.variant_reason = finish.variant(op), finish.reason
+        report_variant(finish.variant(op), finish.reason)
         return out
 
     return run
@@ -391,8 +391,8 @@ def svm_classifier(info: NodeInfo):
             return y, update_scores(scores, post) if post != "NONE" else scores
         dec = svc.decisions(v)
         maxclass, probs = svc.votes(dec)
-        run.variant = "svmclassifier.numba" if svc.fast else "svmclassifier.numpy"
-        run.variant_reason = svc.reason
+        report_variant("svmclassifier.numba" if svc.fast else "svmclassifier.numpy",
+                       svc.reason)
         y = label_from(maxclass, None)
         if probs is not None:
             return y, update_scores(probs, post) if post != "NONE" else probs

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._tensor_util import attr_str, attr_tensor
+from onnxkiln.ops.attrs import attr_str, attr_tensor
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu.ml_common import (
     ML,
     Finish,
@@ -126,10 +126,10 @@ def _compare_input(x: np.ndarray, op: str) -> np.ndarray:
     return as_features(x, op).astype(_F64 if x.dtype == _F64 else _F32, copy=False)
 
 
-def _scores(run: Any, forest: Forest, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """forest.scores(v), naming the path taken (numba or numpy) on the kernel for traces."""
+def _scores(forest: Forest, v: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """forest.scores(v), reporting the path taken (numba or numpy) for traces."""
     out = forest.scores(v)
-    run.variant, run.variant_reason = forest.variant, forest.fast_reason
+    report_variant(forest.variant, forest.fast_reason)
     return out
 
 
@@ -202,7 +202,7 @@ def tree_ensemble_regressor(info: NodeInfo):
 
     def run(x):
         v = _compare_input(x, op)
-        return finish(*_scores(run, forest(v.dtype), v))
+        return finish(*_scores(forest(v.dtype), v))
 
     run.specialize = _specializer(forest, lambda dt, f: finish)
     return run
@@ -244,7 +244,7 @@ def tree_ensemble_classifier(info: NodeInfo):
 
     def run(x):
         v = _compare_input(x, op)
-        return finish(*_scores(run, forest(v.dtype), v))
+        return finish(*_scores(forest(v.dtype), v))
 
     run.specialize = _specializer(forest, lambda dt, f: finish)
     return run
@@ -281,7 +281,7 @@ def tree_ensemble(info: NodeInfo):
         v = v.astype(dt, copy=False)
         f = forest(dt)
         finish = finish_for(x.dtype, f)
-        scores, _ = _scores(run, f, v)
+        scores, _ = _scores(f, v)
         return finish(scores, None)
 
     run.specialize = _specializer(forest, finish_for, kinds="f")

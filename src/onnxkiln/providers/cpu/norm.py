@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.dtypes import to_numpy
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import _numba, _row_kernels
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -105,12 +105,12 @@ def _softmax_factory(info: NodeInfo, log: bool) -> Callable[[np.ndarray], np.nda
         xc, owned = _work(x)
         if fast is not None and xc.dtype == _F32 and (coerce_2d or ax == x.ndim - 1) and \
                 fast.ready():
-            run.variant, run.variant_reason = f"{tag}.numba", None
+            report_variant(f"{tag}.numba")
             y = _numba.softmax_rows(fast.fn, xc.reshape(math.prod(x.shape[:ax]), -1), log)
             return y.reshape(x.shape).astype(x.dtype, copy=False)
-        run.variant = f"{tag}.numpy"
-        run.variant_reason = why or (fast.reason or "numba kernel is float32 over the last "
-                                     "axis" if fast is not None else None)
+        report_variant(f"{tag}.numpy", why or (
+            fast.reason or "numba kernel is float32 over the last axis"
+            if fast is not None else None))
         if coerce_2d or ax == x.ndim - 1:
             y = _softmax_rows(xc.reshape(math.prod(x.shape[:ax]), -1), owned, log)
             y = y.reshape(x.shape)
@@ -249,7 +249,7 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
         rows, n = math.prod(lead), math.prod(x.shape[ax:])
         if (fast is not None and cdt == cdt0 and x.size and scale.shape == x.shape[ax:]
                 and (b is None or b.shape == x.shape[ax:]) and fast.ready()):
-            run.variant, run.variant_reason = "layernormalization.numba", None
+            report_variant("layernormalization.numba")
             xc = x.reshape(rows, n)
             y2, mean, inv, _ = _numba.norm_rows(
                 fast.fn, xc if xc.dtype == cdt else xc.astype(cdt), scale_c.get(scale, cdt),
@@ -259,9 +259,9 @@ def layer_normalization(info: NodeInfo) -> Callable[..., tuple]:
                 mean.reshape(stat_shape).astype(stash) if want_mean else None,
                 inv.reshape(stat_shape).astype(stash) if want_inv else None,
             )
-        run.variant = "layernormalization.numpy"
-        run.variant_reason = why or (fast.reason or "Scale/B shapes differ from the "
-                                     "normalized dims" if fast is not None else None)
+        report_variant("layernormalization.numpy", why or (
+            fast.reason or "Scale/B shapes differ from the normalized dims"
+            if fast is not None else None))
         if x.size == 0:
             y = np.empty(x.shape, x.dtype)
             mean = inv = np.full(stat_shape, np.nan, cdt)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops.random import seeded_state
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu.norm import _F64, _MVN_EPSILON, _axis, _compute_dtype, _wants, _work
 from onnxkiln.providers.cpu.registry import kernel
@@ -111,8 +112,6 @@ def _dropout_outputs(info: NodeInfo, x: np.ndarray, mask_dtype) -> tuple:
 
 
 def _dropout_state(info: NodeInfo):
-    from onnxkiln.providers.cpu.random import seeded_state
-
     return seeded_state(info.attrs.get("seed"))
 
 

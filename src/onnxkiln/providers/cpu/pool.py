@@ -9,18 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxkiln.ops.window import Geometry, int_tuple, pool_geometry, window_counts
 from onnxkiln.pool import active_threads, parallel_for
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu import _conv_special, _numba
 from onnxkiln.providers.cpu._gemm import split_ranges
-from onnxkiln.providers.cpu._window import (
-    Geometry,
-    compute_dtype,
-    geometry,
-    int_tuple,
-    padded_copy,
-    window_slices,
-)
+from onnxkiln.providers.cpu._window import compute_dtype, padded_copy, window_slices
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = [
@@ -43,24 +37,6 @@ class _PoolPlan:
     geo: Geometry
     steps: tuple[tuple[tuple[slice, ...], ...], ...]  # per reduced axis: one index per tap
     divisor: np.ndarray | float | None  # AveragePool only
-
-
-def _pool_geometry(attrs: dict, x_shape: tuple) -> Geometry:
-    nsp = len(x_shape) - 2
-    if nsp < 1:
-        raise ValueError(f"pooling needs input (N, C, D1, ...), got shape {x_shape}")
-    ks = attrs.get("kernel_shape")
-    if ks is None or len(ks) != nsp:
-        raise ValueError(f"kernel_shape {ks} must give one size per spatial axis ({nsp})")
-    return geometry(
-        x_shape[2:],
-        tuple(int(k) for k in ks),
-        int_tuple(attrs.get("strides"), nsp, 1, "strides"),
-        int_tuple(attrs.get("dilations"), nsp, 1, "dilations"),
-        int_tuple(attrs.get("pads"), 2 * nsp, 0, "pads"),
-        attrs.get("auto_pad") or "NOTSET",
-        bool(attrs.get("ceil_mode") or 0),
-    )
 
 
 def _separable_steps(geo: Geometry) -> tuple[tuple[tuple[slice, ...], ...], ...]:
@@ -174,7 +150,7 @@ def max_pool(info: NodeInfo):
     want_indices = info.n_outputs > 1 and present[1]
 
     def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
-        geo = _pool_geometry(attrs, shape)
+        geo = pool_geometry(attrs, shape)
         steps = _argmax_taps(geo) if want_indices else _separable_steps(geo)
         return _PoolPlan(geo, steps, None)
 
@@ -206,7 +182,7 @@ def max_pool(info: NodeInfo):
         if (fast is None or sx is None or len(sx) != 4 or dtypes[0] != _F32
                 or not fast.ready()):
             return generic(dtypes, shapes, consts)
-        geo = _pool_geometry(attrs, sx)
+        geo = pool_geometry(attrs, sx)
         call = _maxpool_call(fast.fn, geo, (*sx[:2], *geo.out))
         return lambda x: (call(x), *extra)
 
@@ -247,27 +223,6 @@ _numba.register("maxpool_planes", "onnxkiln.providers.cpu._numba_conv", _maxpool
 # ---------------------------------------------------------------------------- AveragePool / LpPool
 
 
-def _window_counts(geo: Geometry, include_pad: bool) -> np.ndarray | float:
-    """Cells each window averages over: the product of per-axis counts (broadcastable)."""
-    nsp = len(geo.kernel)
-    total: np.ndarray | float = 1.0
-    uniform = True
-    for i in range(nsp):
-        size, pb, pe = geo.in_shape[i], geo.pads_begin[i], geo.pads_end[i]
-        lo, hi = (-pb, size + pe) if include_pad else (0, size)
-        starts = np.arange(geo.out[i]) * geo.strides[i] - pb
-        taps = np.arange(geo.kernel[i]) * geo.dilations[i]
-        coords = starts[:, None] + taps[None, :]
-        cnt = ((coords >= lo) & (coords < hi)).sum(axis=1).astype(np.float64)
-        shape = [1] * nsp
-        shape[i] = geo.out[i]
-        uniform &= bool((cnt == cnt[0]).all())
-        total = total * cnt.reshape(shape)
-    if uniform:
-        return float(np.asarray(total).flat[0])
-    return np.asarray(total)
-
-
 @kernel("AveragePool", since=1, factory=True, variant="averagepool.separable")
 def average_pool(info: NodeInfo):
     """AveragePool: separable per-axis sums over shifted views, divided by the window counts."""
@@ -275,8 +230,8 @@ def average_pool(info: NodeInfo):
     include_pad = bool(attrs.get("count_include_pad") or 0)
 
     def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
-        geo = _pool_geometry(attrs, shape)
-        div = _window_counts(geo, include_pad)
+        geo = pool_geometry(attrs, shape)
+        div = window_counts(geo, include_pad)
         if not isinstance(div, float):
             div = np.asarray(div, dtype=compute_dtype(dtype))
         return _PoolPlan(geo, _separable_steps(geo), div)
@@ -324,7 +279,7 @@ def lp_pool(info: NodeInfo):
     p = float(attrs.get("p") if attrs.get("p") is not None else 2)
 
     def build(shape: tuple, dtype: np.dtype) -> _PoolPlan:
-        geo = _pool_geometry(attrs, shape)
+        geo = pool_geometry(attrs, shape)
         return _PoolPlan(geo, _separable_steps(geo), None)
 
     def body(x: np.ndarray, plan: _PoolPlan) -> np.ndarray:

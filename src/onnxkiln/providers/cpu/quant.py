@@ -10,8 +10,9 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.dtypes import DataType, to_numpy
+from onnxkiln.ops.attrs import norm_axis
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.registry import kernel
 
 __all__ = [

@@ -3,15 +3,14 @@
 Each node owns one random stream, created when the plan is built and advanced by every
 run: with a `seed` attribute the sequence of outputs is the same in every session, without
 one every session (and every run) draws fresh values, unless `set_default_seed`
-(onnxruntime's set_seed) fixed the seeds of the streams created after it. The stream is
-numpy's legacy MT19937 `RandomState(seed)`, the generator onnx's own test data and
-reference implementation seed (`np.random.seed(seed)`), so seeded draws follow onnx's
-sequence for the same seed.
+(onnxruntime's set_seed) fixed the seeds of the streams created after it. The streams are
+onnxkiln.ops.random's: numpy's legacy MT19937 `RandomState(seed)`, the generator onnx's own
+test data and reference implementation seed (`np.random.seed(seed)`), so seeded draws follow
+onnx's sequence for the same seed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from onnxkiln.dtypes import DataType, to_numpy
+from onnxkiln.ops.random import seeded_state
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -29,46 +29,12 @@ __all__ = [
     "random_normal_like",
     "random_uniform",
     "random_uniform_like",
-    "seeded_state",
-    "set_default_seed",
 ]
 
 _F64 = np.dtype(np.float64)
 _FLOATS = frozenset(
     np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16)
 )
-_U32 = 1 << 32
-_U64 = 1 << 64
-
-
-_default: np.random.RandomState | None = None  # set_default_seed's stream
-
-
-def set_default_seed(seed: int | None) -> None:
-    """Streams of nodes without a `seed` attribute, created from now on, draw their seeds
-    from `RandomState(seed)` (onnxruntime's set_seed); None: from entropy again."""
-    global _default
-    _default = None if seed is None else np.random.RandomState(seed % _U32)
-
-
-def seeded_state(seed: float | int | None) -> np.random.RandomState:
-    """A legacy MT19937 stream: `RandomState(seed)` for seeds in [0, 2^32), entropy for None.
-
-    Other integral seeds (negative or wider) are taken modulo 2^64 and split into two 32-bit
-    words; non-integral float seeds use their 64-bit pattern the same way.
-    """
-    if seed is None:
-        return np.random.RandomState(None if _default is None else _default.randint(_U32))
-    if isinstance(seed, (float, np.floating)):
-        f = float(seed)
-        whole = math.isfinite(f) and f.is_integer()
-        value = int(f) if whole else int(np.float64(f).view(np.uint64))
-    else:
-        value = int(seed)
-    if 0 <= value < _U32:
-        return np.random.RandomState(value)
-    value %= _U64
-    return np.random.RandomState([value & (_U32 - 1), value >> 32])
 
 
 def _out_dtype(info: NodeInfo, op: str) -> np.dtype | None:

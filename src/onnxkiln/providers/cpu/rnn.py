@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.base import NodeInfo, report_variant
 from onnxkiln.providers.cpu import rnn_fast
 from onnxkiln.providers.cpu.registry import kernel
 
@@ -422,10 +422,10 @@ def _dispatch(info: NodeInfo, spec, slow: Callable[..., tuple]) -> Callable[...,
     def run(*args):
         got = fast(*args)
         if isinstance(got, str):
-            run.variant, run.variant_reason = f"{tag}.numpy", got
+            report_variant(f"{tag}.numpy", got)
             return slow(*args)
-        out, run.variant = got
-        run.variant_reason = None
+        out, variant = got
+        report_variant(variant)
         return out
 
     run.variant, run.variant_reason = f"{tag}.numba", None

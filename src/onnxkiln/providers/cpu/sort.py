@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops.attrs import norm_axis
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu._tensor_util import const_input, norm_axis
+from onnxkiln.providers.cpu._tensor_util import const_input
 from onnxkiln.providers.cpu.registry import kernel
 
 _I64 = np.dtype(np.int64)

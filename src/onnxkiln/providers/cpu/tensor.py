@@ -8,15 +8,10 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxkiln.dtypes import to_numpy
+from onnxkiln.ops.attrs import attr_tensor, norm_axes, norm_axis
+from onnxkiln.ops.generator import constant_value, range_values
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu._tensor_util import (
-    attr_str,
-    attr_tensor,
-    const_input,
-    norm_axes,
-    norm_axis,
-    to_ints,
-)
+from onnxkiln.providers.cpu._tensor_util import const_input, to_ints
 from onnxkiln.providers.cpu.registry import kernel
 
 _I64 = np.dtype(np.int64)
@@ -383,37 +378,10 @@ def size(x: np.ndarray) -> np.ndarray:
     return np.array(x.size, dtype=_I64)
 
 
-_CONSTANT_FORMS = (
-    ("value_float", np.float32, False),
-    ("value_floats", np.float32, True),
-    ("value_int", np.int64, False),
-    ("value_ints", np.int64, True),
-    ("value_string", object, False),
-    ("value_strings", object, True),
-)
-
-
-def _constant_value(info: NodeInfo) -> np.ndarray:
-    attrs = info.attrs  # the loader has made a sparse_value dense (a value)
-    if attrs.get("value") is not None:
-        return attr_tensor(attrs["value"])
-    for name, dtype, is_list in _CONSTANT_FORMS:
-        v = attrs.get(name)
-        if v is None:
-            continue
-        if dtype is object:
-            v = [attr_str(s) for s in v] if is_list else attr_str(v)
-            out = np.empty(len(v) if is_list else (), dtype=object)
-            out[...] = v
-            return out
-        return np.array(list(v) if is_list else v, dtype=dtype)
-    raise ValueError(f"{info.describe()}: Constant sets none of its value attributes")
-
-
 @kernel("Constant", since=1, factory=True)
 def constant(info: NodeInfo) -> Callable[[], np.ndarray]:
     """The value of whichever value attribute is set, built once; returned read-only."""
-    value = _constant_value(info)
+    value = constant_value(info.attrs, info.describe())
     value.flags.writeable = False
     return lambda: value
 
@@ -448,32 +416,7 @@ def _scalar(a: np.ndarray, name: str, op: str):
 def range_(info: NodeInfo) -> Callable[..., np.ndarray]:
     """start, start+delta, ... up to limit (exclusive), accumulated as onnxruntime does."""
     stash = info.attrs.get("stash_type", 1) if info.opset >= 27 else 1
-
-    def run(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        dtype = start.dtype
-        s = _scalar(start, "start", "Range")
-        lim = _scalar(limit, "limit", "Range")
-        d = _scalar(delta, "delta", "Range")
-        if d == 0:
-            raise ValueError("Range: delta must not be zero")
-        if dtype.kind in "iu":
-            s, lim, d = int(s), int(lim), int(d)
-            n = max(-((s - lim) // d), 0)
-            out = np.arange(n, dtype=dtype)
-            if d != 1:
-                out *= dtype.type(d)
-            if s:
-                out += dtype.type(s)
-            return out
-        work = np.dtype(np.float32) if stash and dtype.itemsize < 4 else dtype
-        n = max(math.ceil((float(lim) - float(s)) / float(d)), 0)
-        out = np.full(n, d, dtype=work)
-        if n:
-            out[0] = s
-            np.cumsum(out, out=out)
-        return out if work == dtype else out.astype(dtype)
-
-    return run
+    return lambda start, limit, delta: range_values(start, limit, delta, stash)
 
 
 @kernel("EyeLike", since=9)

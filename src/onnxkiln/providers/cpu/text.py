@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxkiln.ops.attrs import attr_str
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu._re2 import compile_re2
-from onnxkiln.providers.cpu._tensor_util import attr_str
 from onnxkiln.providers.cpu.registry import kernel
 
 _OBJ = np.dtype(object)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from onnxkiln.ops.nbits import dequantize_weight, nbits_geometry
 from onnxkiln.providers.base import NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, up, wants
 from onnxkiln.providers.cuda.device import current_device
@@ -272,20 +273,15 @@ def _nbits_supports(info: NodeInfo) -> str | None:
 def matmul_nbits(info: NodeInfo) -> Callable[..., Tensor]:
     """A @ dequantize(B).T (+ bias): B/scales/zero_points/g_idx are host inputs, dequantized
     on the host (once, at plan time, when constant) and uploaded as a float32 weight."""
-    from onnxkiln.providers.cpu.contrib_quant import _nbits_weight, _NBitsGeometry
-
-    a = info.attrs
-    k, n, block = int(a["K"]), int(a["N"]), int(a["block_size"])
-    bits = int(a.get("bits", 4))
-    nb = -(-k // block)
-    geo = _NBitsGeometry(k, n, bits, block, nb, block * bits // 8)
+    geo = nbits_geometry(info.attrs)
+    n = geo.n
     device = current_device()
     consts = [info.const_inputs[i] if i < len(info.const_inputs) else None for i in range(5)]
     present = [i < info.n_inputs and info.input_present[i] for i in range(5)]
     static = all(consts[i] is not None for i in range(1, 5) if present[i])
     fixed = None
     if static and consts[1] is not None and consts[1].size:
-        fixed = to_torch(_nbits_weight(geo, consts[1], consts[2], consts[3], consts[4]).T
+        fixed = to_torch(dequantize_weight(geo, consts[1], consts[2], consts[3], consts[4]).T
                          .copy(), device)
 
     def run(x: Tensor, b, scales, zero_points=None, g_idx=None, bias=None) -> Tensor:
@@ -294,7 +290,7 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., Tensor]:
         else:
             wt = fixed
             if wt is None:
-                wt = to_torch(_nbits_weight(geo, b, scales, zero_points, g_idx).T.copy(),
+                wt = to_torch(dequantize_weight(geo, b, scales, zero_points, g_idx).T.copy(),
                               x.device)
             y = torch.matmul(x.float(), wt.to(x.device))
         if bias is not None:

@@ -2,8 +2,8 @@
 
 Matrix and convolution kernels serve float types only (cuBLAS/cuDNN have no integer GEMM
 through torch); float16/bfloat16 normalizations compute in float32. Window geometry (pads,
-auto_pad, ceil_mode, divisors) is computed on the host with the CPU provider's helpers, so
-both providers agree on output sizes.
+auto_pad, ceil_mode, divisors) is computed on the host by onnxkiln.ops.window, as the CPU
+provider computes it, so both providers agree on output sizes.
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from onnxkiln.dtypes import DataType
+from onnxkiln.ops.window import (
+    conv_geometry,
+    int_tuple,
+    pool_geometry,
+    transpose_pads,
+    window_counts,
+)
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu._window import geometry
-from onnxkiln.providers.cpu.conv import _transpose_pads
-from onnxkiln.providers.cpu.pool import _pool_geometry, _window_counts
-from onnxkiln.providers.cuda._util import attr_str, axis_of, ints, up, wants
+from onnxkiln.providers.cuda._util import axis_of, up, wants
 from onnxkiln.providers.cuda.dtypes import FLOATS, needs
 from onnxkiln.providers.cuda.registry import kernel
 from onnxkiln.schema import positive_int_attr
@@ -83,18 +87,6 @@ def _spatial_supports(op: str, extra=None, what: str = _NO_INT, allowed=FLOATS):
     return supports
 
 
-def _conv_geometry(attrs, x_shape, w_shape):
-    nsp = len(x_shape) - 2
-    k = tuple(w_shape[2:])
-    given = attrs.get("kernel_shape")
-    if given is not None and len(given) and tuple(ints(given)) != k:
-        raise ValueError(f"Conv: kernel_shape {list(given)} does not match W {list(k)}")
-    one = lambda name, n: tuple(ints(attrs.get(name) or [1] * n))  # noqa: E731
-    return geometry(x_shape[2:], k, one("strides", nsp), one("dilations", nsp),
-                    tuple(ints(attrs.get("pads") or [0] * (2 * nsp))),
-                    attr_str(attrs.get("auto_pad")) or "NOTSET")
-
-
 def _pad_list(begin, end) -> list[int]:
     """F.pad's list (last dim first) for per-axis begin/end pads."""
     out: list[int] = []
@@ -113,7 +105,7 @@ def conv_fn(info: NodeInfo) -> Callable[..., Tensor]:
         key = (tuple(x.shape), tuple(w.shape))
         g = cache.get(key)
         if g is None:
-            geo = _conv_geometry(attrs, tuple(x.shape), tuple(w.shape))
+            geo = conv_geometry(attrs, tuple(x.shape), tuple(w.shape))
             sym = geo.pads_begin == geo.pads_end
             g = cache[key] = (geo, sym, None if sym else _pad_list(geo.pads_begin, geo.pads_end))
         geo, sym, plist = g
@@ -141,10 +133,10 @@ def conv_transpose(info: NodeInfo) -> Callable[..., Tensor]:
     def run(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         nsp = x.ndim - 2
         k = tuple(w.shape[2:])
-        s = tuple(ints(attrs.get("strides") or [1] * nsp))
-        d = tuple(ints(attrs.get("dilations") or [1] * nsp))
-        op = tuple(ints(attrs.get("output_padding") or [0] * nsp))
-        begin, _, out = _transpose_pads(attrs, tuple(x.shape[2:]), k, s, d, op)
+        s = int_tuple(attrs.get("strides"), nsp, 1, "strides")
+        d = int_tuple(attrs.get("dilations"), nsp, 1, "dilations")
+        op = int_tuple(attrs.get("output_padding"), nsp, 0, "output_padding")
+        begin, _, out = transpose_pads(attrs, tuple(x.shape[2:]), k, s, d, op)
         full = _CONV_T[nsp](x, w, None, s, 0, 0, group, d)
         # crop `begin` (pad when negative) and fit to `out` (zero-fill past the full result)
         plist: list[int] = []
@@ -216,7 +208,7 @@ def max_pool(info: NodeInfo) -> Callable[[Tensor], tuple]:
     def run(x: Tensor) -> tuple:
         geo = cache.get(tuple(x.shape))
         if geo is None:
-            geo = cache[tuple(x.shape)] = _pool_geometry(attrs, tuple(x.shape))
+            geo = cache[tuple(x.shape)] = pool_geometry(attrs, tuple(x.shape))
         xp = _padded(x, geo, -math.inf)
         if want_indices:
             y, idx = _MAXPOOL[x.ndim - 2](xp, geo.kernel, geo.strides, 0, geo.dilations,
@@ -237,7 +229,7 @@ def _ones_kernel(k: tuple[int, ...], dtype: torch.dtype, device: str) -> Tensor:
 
 @functools.lru_cache(maxsize=256)
 def _divisor(geo, include_pad: bool, dtype: torch.dtype, device: str) -> Tensor | float:
-    div = _window_counts(geo, include_pad)
+    div = window_counts(geo, include_pad)
     if isinstance(div, float):
         return div
     return torch.as_tensor(np.asarray(div), dtype=dtype, device=device)
@@ -254,7 +246,7 @@ def average_pool(info: NodeInfo) -> Callable[[Tensor], Tensor]:
     def run(x: Tensor) -> Tensor:
         geo = cache.get(tuple(x.shape))
         if geo is None:
-            geo = cache[tuple(x.shape)] = _pool_geometry(attrs, tuple(x.shape))
+            geo = cache[tuple(x.shape)] = pool_geometry(attrs, tuple(x.shape))
         n, c = x.shape[:2]
         xc = up(x)
         xp = _padded(xc, geo, 0.0).reshape(n * c, 1, *[geo.padded[i] for i in range(x.ndim - 2)])

@@ -1,10 +1,10 @@
 """Torch kernels: LpPool, GlobalLpPool, Det, ReverseSequence and Dropout (every opset).
 
 Semantics follow the CPU provider. Training Dropout draws its keep mask on the host from the
-same seeded numpy stream as the CPU kernel (onnx's reference draws it that way, so a seeded
-node reproduces onnx's outputs) and copies it to the device: a host-to-device transfer per
-call, no device-to-host sync (so a captured graph would replay one mask: those kernels
-say so through `capture`).
+same seeded numpy stream as the CPU kernel (onnxkiln.ops.random: onnx's reference draws it
+that way, so a seeded node reproduces onnx's outputs) and copies it to the device: a
+host-to-device transfer per call, no device-to-host sync (so a captured graph would replay
+one mask: those kernels say so through `capture`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from onnxkiln.ops.random import seeded_state
+from onnxkiln.ops.window import pool_geometry
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
-from onnxkiln.providers.cpu.pool import _pool_geometry
 from onnxkiln.providers.cuda._util import axis_of, up, wants
 from onnxkiln.providers.cuda.dtypes import FLOATS, SERVED, needs
 from onnxkiln.providers.cuda.nn import _CONV, _ones_kernel, _padded, _spatial_supports
@@ -44,7 +45,7 @@ def lp_pool(info: NodeInfo) -> Callable[[Tensor], Tensor]:
     def run(x: Tensor) -> Tensor:
         geo = geos.get(tuple(x.shape))
         if geo is None:
-            geo = geos[tuple(x.shape)] = _pool_geometry(attrs, tuple(x.shape))
+            geo = geos[tuple(x.shape)] = pool_geometry(attrs, tuple(x.shape))
         n, c = x.shape[:2]
         nsp = x.ndim - 2
         xc = _lp_power(up(x), p)
@@ -134,8 +135,6 @@ def _train(x: Tensor, ratio: float, state, mask_dtype: torch.dtype | None, want:
 
 
 def _state(info: NodeInfo):
-    from onnxkiln.providers.cpu.random import seeded_state
-
     return seeded_state(info.attrs.get("seed"))
 
 

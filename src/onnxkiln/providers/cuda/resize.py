@@ -1,9 +1,10 @@
 """Torch kernels: Resize (10-19+) and Upsample (7+), separable per-axis interpolation.
 
 Planning (coordinate transforms, nearest rounding, linear/cubic/antialias taps and weights,
-axes, aspect-ratio policies, tf_crop_and_resize extrapolation) runs on the host with the CPU
-provider's planner, so both providers pick the same source positions; the device applies one
-index_select per tap and axis. roi/scales/sizes are host inputs.
+axes, aspect-ratio policies, tf_crop_and_resize extrapolation) runs on the host with
+onnxkiln.ops.resize, the CPU provider's planner too, so both providers pick the same source
+positions; the device applies one index_select per tap and axis. roi/scales/sizes are host
+inputs.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from onnxkiln.ops.resize import optional_values, resize_config, resize_plan
 from onnxkiln.providers.base import NodeInfo
-from onnxkiln.providers.cpu.resize import _config, _plan, _values
 from onnxkiln.providers.cuda._util import host_input
 from onnxkiln.providers.cuda.dtypes import FLOATS, INTS, needs
 from onnxkiln.providers.cuda.registry import kernel
@@ -24,7 +25,7 @@ _SERVED = FLOATS | INTS
 
 
 class _DevicePlans:
-    """The CPU planner's per-axis ops with their index/weight arrays on the device (the last
+    """The shared planner's per-axis ops with their index/weight arrays on the device (the last
     plans made, by input shape and resize parameters: this provider does not specialise
     per signature yet)."""
 
@@ -39,7 +40,7 @@ class _DevicePlans:
         if plan is None:
             if len(self.plans) >= 16:
                 self.plans.clear()
-            plan = self.plans[key] = _plan(tuple(x.shape), scales, sizes, roi, self.cfg)
+            plan = self.plans[key] = resize_plan(tuple(x.shape), scales, sizes, roi, self.cfg)
         wdt = torch.float64 if x.dtype in (torch.float64, torch.int32, torch.int64) \
             else torch.float32
         key = (id(plan), str(x.device), wdt)
@@ -99,22 +100,22 @@ def _to_output(y: Tensor, dtype: torch.dtype) -> Tensor:
 
 def _host_values(info: NodeInfo, i: int):
     c = host_input(info, i)
-    return (True, _values(c)) if c is not None else (False, None)
+    return (True, optional_values(c)) if c is not None else (False, None)
 
 
 @kernel("Resize", since=11, factory=True, host_inputs=(1, 2, 3),
         supports=needs(_SERVED, skip_inputs=(1, 2, 3)), variant="resize.gather")
 def resize(info: NodeInfo) -> Callable[..., Tensor]:
     """Resize 11+: nearest/linear/cubic, every coordinate mode, antialias, axes, policies."""
-    cfg = _config(dict(info.attrs), legacy=False)
+    cfg = resize_config(dict(info.attrs), legacy=False)
     plans = _DevicePlans(cfg)
     use_roi = cfg.ctm == "tf_crop_and_resize"
     opset = info.opset
 
     def run(x: Tensor, roi=None, scales=None, sizes=None) -> Tensor:
-        r = _values(roi) if use_roi else None
-        s = _values(scales)
-        z = _values(sizes)
+        r = optional_values(roi) if use_roi else None
+        s = optional_values(scales)
+        z = optional_values(sizes)
         if z is not None:
             z = tuple(int(v) for v in z)
             if s is not None and opset < 13:
@@ -128,7 +129,7 @@ def _legacy(cfg, fixed: tuple[float, ...] | None, op: str) -> Callable[..., Tens
     plans = _DevicePlans(cfg)
 
     def run(x: Tensor, scales=None) -> Tensor:
-        s = fixed if fixed is not None else _values(scales)
+        s = fixed if fixed is not None else optional_values(scales)
         if s is None or len(s) != x.ndim:
             raise ValueError(f"{op}: scales must have one value per input axis ({x.ndim}), "
                              f"got {s}")
@@ -141,14 +142,14 @@ def _legacy(cfg, fixed: tuple[float, ...] | None, op: str) -> Callable[..., Tens
         supports=needs(_SERVED, skip_inputs=(1,)), variant="resize.gather")
 def resize_10(info: NodeInfo) -> Callable[..., Tensor]:
     """Resize 10: host scales input, asymmetric coordinates, nearest or linear."""
-    return _legacy(_config(dict(info.attrs), legacy=True), None, info.op_type)
+    return _legacy(resize_config(dict(info.attrs), legacy=True), None, info.op_type)
 
 
 @kernel("Upsample", since=9, factory=True, host_inputs=(1,),
         supports=needs(_SERVED, skip_inputs=(1,)), variant="upsample.gather")
 def upsample_9(info: NodeInfo) -> Callable[..., Tensor]:
     """Upsample 9: host scales input, asymmetric coordinates."""
-    return _legacy(_config(dict(info.attrs), legacy=True), None, "Upsample")
+    return _legacy(resize_config(dict(info.attrs), legacy=True), None, "Upsample")
 
 
 @kernel("Upsample", since=7, until=8, factory=True, supports=needs(_SERVED),
@@ -159,4 +160,4 @@ def upsample_7(info: NodeInfo) -> Callable[..., Tensor]:
     scales = attrs.get("scales")
     if scales is None:
         raise ValueError("Upsample: the 'scales' attribute is required")
-    return _legacy(_config(attrs, legacy=True), tuple(float(v) for v in scales), "Upsample")
+    return _legacy(resize_config(attrs, legacy=True), tuple(float(v) for v in scales), "Upsample")

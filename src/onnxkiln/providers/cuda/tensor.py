@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from onnxkiln.dtypes import DataType
+from onnxkiln.ops.generator import constant_value, range_values
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cuda._util import attr_str, axes_of, axis_of, ints
 from onnxkiln.providers.cuda.device import current_device
@@ -31,15 +32,6 @@ from onnxkiln.providers.cuda.dtypes import (
 from onnxkiln.providers.cuda.registry import kernel
 
 Tensor = torch.Tensor
-
-
-def _cpu_kernel(info: NodeInfo):
-    from onnxkiln.providers.cpu import REGISTRY as CPU
-
-    spec = CPU.resolve(info.domain, info.op_type, info.opset)
-    if spec is None:
-        raise ValueError(f"no CPU kernel for {info.describe()}")
-    return spec.build(info)
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,7 +462,9 @@ def size(x: Tensor) -> np.ndarray:
 @kernel("Constant", since=1, factory=True, host_outputs=True)
 def constant(info: NodeInfo) -> Callable[[], np.ndarray]:
     """The value attribute as a host array (the planner folds it; copies go on demand)."""
-    return _cpu_kernel(info)
+    value = constant_value(info.attrs, info.describe())
+    value.flags.writeable = False
+    return lambda: value
 
 
 def _fill_value(info: NodeInfo) -> np.ndarray:
@@ -511,8 +505,9 @@ def constant_of_shape(info: NodeInfo) -> Callable[..., Tensor]:
         capture=CaptureSupport.READS_HOST_SCALAR,
         supports=needs(SERVED - {DataType.BOOL, DataType.UINT8}, skip_inputs=(0, 1, 2)))
 def range_(info: NodeInfo) -> Callable[..., Tensor]:
-    """start, start + delta, ... below limit: computed on the host exactly as the CPU
-    provider accumulates it, then uploaded (its length depends only on host scalars)."""
-    inner = _cpu_kernel(info)
+    """start, start + delta, ... below limit: computed on the host by the op's rule
+    (onnxkiln.ops.generator, the CPU provider's too, so both accumulate alike), then uploaded
+    (its length depends only on host scalars)."""
+    stash = info.attrs.get("stash_type", 1) if info.opset >= 27 else 1
     device = current_device()
-    return lambda start, limit, delta: to_torch(inner(start, limit, delta), device)
+    return lambda start, limit, delta: to_torch(range_values(start, limit, delta, stash), device)

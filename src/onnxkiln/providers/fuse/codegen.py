@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln.ops import special
+from onnxkiln.providers.base import report_variant
 from onnxkiln.providers.fuse.ops import OPS, REDUCTIONS, fmt
 
 __all__ = ["CODEGEN_CALLS", "FORMAT", "VERSION", "FusedKernel", "generate", "numba_available"]
@@ -306,9 +308,7 @@ class FusedKernel:
             raise ValueError(f"not a {FORMAT} v{VERSION} context blob "
                              f"(format {blob.get('format')!r}, version {blob.get('version')!r})")
         sig = blob["signature"]
-        from onnxkiln.providers.cpu import _special  # the CPU kernels: loaded with the session
-
-        scope: dict[str, Any] = {"_erf": _special.erf, "_expit": _special.expit, "F32": _F32}
+        scope: dict[str, Any] = {"_erf": special.erf, "_expit": special.expit, "F32": _F32}
         exec(compile(blob["numpy_source"], "<onnxkiln.fuse numpy>", "exec"), scope)
         self._fast, self._general = scope["fast"], scope["general"]
         self._n_scratch = scope["N_SCRATCH"]
@@ -342,7 +342,7 @@ class FusedKernel:
             self._run_numba(arrs, bufs, full)
         else:
             self._fast(*arrs, *bufs, self._scratch(full))
-        self.variant = f"fuse.{mode}"
+        report_variant(f"fuse.{mode}")
         return self._finish(bufs, out_shapes, full)
 
     def _plan(self, shapes: tuple) -> tuple:

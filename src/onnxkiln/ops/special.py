@@ -1,4 +1,5 @@
-"""erf and expit (the logistic sigmoid) in numpy, with the ufunc call form `f(x, out=y)`.
+"""erf and expit (the logistic sigmoid) in numpy, with the ufunc call form `f(x, out=y)`: the
+host numerics of the CPU kernels and of the code the fuse provider generates.
 
 erf is piecewise polynomial (tables in `_erf_tables`, fitted by `scripts/fit_erf.py`):
 erf(x) = x * P_k(|x| / width - k) on the segment k nearest |x| / width, up to where erf
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxkiln.providers.cpu import _erf_tables
+from onnxkiln.ops import _erf_tables
 
 __all__ = ["erf", "expit"]
 
