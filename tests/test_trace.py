@@ -476,3 +476,20 @@ def test_a_fused_node_span_names_the_model_nodes_it_replaced(tmp_path):
     assert summarize(ctx.spans).by_node["FusedGemm"].fused_from == ("mm", "bias", "act")
     (event,) = [e for e in json.loads((tmp_path / "t.json").read_text()) if e["cat"] == "Node"]
     assert event["args"]["fused_from"] == ["mm", "bias", "act"]
+
+
+def test_every_hooks_class_is_a_step_hooks():
+    """The hooked run's protocol: each class a run passes as hooks declares all three."""
+    from onnxkiln import decode, executor, memory, replay, specialize, trace
+
+    classes = [executor.CancelHook, executor.HookPair, trace.StepTracer, memory.MemoryTracker,
+               replay.Recorder, specialize._Recorder, decode._Recorder]
+    for cls in classes:
+        for name in ("sizing", "start", "finish"):
+            assert callable(getattr(cls, name, None)), f"{cls.__qualname__} lacks {name}"
+    ctx = TraceContext.in_memory()
+    s = InferenceSession.builder().trace(ctx).from_graph(_model())
+    tracer = s._compiled.tracer(ctx)
+    assert isinstance(tracer, executor.StepHooks)
+    assert isinstance(executor.combine_hooks(tracer, None), executor.StepHooks)
+    assert not isinstance(object(), executor.StepHooks)

@@ -32,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,7 @@ __all__ = [
     "Deadline",
     "Guard",
     "HookPair",
+    "StepHooks",
     "cancel_scope",
     "cancelled",
     "combine_hooks",
@@ -100,11 +101,9 @@ class CompiledPlan:
     """A plan turned into two generated Python functions over the same steps.
 
     `run(inputs)` is the hot path: straight-line kernel calls, nothing else.
-    `run_hooked(inputs, h)` calls `h.sizing(i, ins)` before steps whose output size
-    follows from input values (onnxkiln.sizes), `h.start(i)` before step i and
-    `h.finish(token, ins,
-    outs)` after it (tracing, memory accounting); a run picks one of the two, so the
-    untraced path carries no per-op check at all.
+    `run_hooked(inputs, h)` calls the StepHooks `h` around every step (tracing, memory
+    accounting...); a run picks one of the two, so the untraced path carries no per-op
+    check at all.
     """
 
     def __init__(self, plan: Plan, inplace: bool | None = None,
@@ -141,7 +140,7 @@ class CompiledPlan:
         self._hooked_source = "def run_hooked(" + hooked_source
         self._hooked_line0 = run_source.count("\n")
         self._fn: Callable[[Sequence[Any]], list[Any]] = namespace["run"]
-        self._hooked_fn: Callable[[Sequence[Any], Any], list[Any]] | None = None
+        self._hooked_fn: Callable[[Sequence[Any], StepHooks], list[Any]] | None = None
         self.source = source
         self._trace_meta: dict[str, list] = {}
 
@@ -154,7 +153,7 @@ class CompiledPlan:
         except Exception as e:
             raise self._kernel_error(e) from e
 
-    def _hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
+    def _hooked(self, inputs: Sequence[Any], hooks: StepHooks) -> list[Any]:
         """The hooked function, compiled on first use: most plans never run with hooks, and
         compiling both costs a session build twice as much."""
         fn = self._hooked_fn
@@ -164,7 +163,7 @@ class CompiledPlan:
             fn = self._hooked_fn = self._namespace["run_hooked"]
         return fn(inputs, hooks)
 
-    def hooked(self, inputs: Sequence[Any], hooks: Any) -> list[Any]:
+    def hooked(self, inputs: Sequence[Any], hooks: StepHooks) -> list[Any]:
         """Run with `hooks.start`/`hooks.finish` around every step."""
         try:
             return self._hooked(inputs, hooks)
@@ -387,6 +386,22 @@ def _emit_donating(emit: Callable[..., None], i: int, step: Step, args: str, slo
     emit("    " + plain, i)
 
 
+@runtime_checkable
+class StepHooks(Protocol):
+    """What a hooked run calls around its steps (tracing, memory accounting, cancellation,
+    recording for specialisation, decode and capture).
+
+    `sizing(i, ins)` before a step whose output size follows from its input values (see
+    onnxkiln.sizes), `start(i)` before step i, returning a token, and `finish(token, ins,
+    outs)` after it, with the values the kernel read and made."""
+
+    def sizing(self, index: int, ins: tuple) -> None: ...
+
+    def start(self, index: int) -> Any: ...
+
+    def finish(self, token: Any, ins: tuple, outs: tuple) -> None: ...
+
+
 class CancelHook:
     """Step hooks that stop a run before the next step once `event` is set."""
 
@@ -458,7 +473,7 @@ def cancel_scope(event: Any) -> Iterator[None]:
         _state.cancel = previous
 
 
-def combine_hooks(*hooks: Any) -> Any:
+def combine_hooks(*hooks: StepHooks | None) -> StepHooks | None:
     """One hooks object running the given ones (None entries skipped) in order."""
     present = [h for h in hooks if h is not None]
     if not present:
@@ -474,7 +489,7 @@ class HookPair:
 
     __slots__ = ("first", "second")
 
-    def __init__(self, first: Any, second: Any) -> None:
+    def __init__(self, first: StepHooks, second: StepHooks) -> None:
         self.first = first
         self.second = second
 
