@@ -1,34 +1,57 @@
 """CPU kernel: onnxruntime's com.microsoft DynamicQuantizeLSTM (what quantize_dynamic writes).
 
 An LSTM whose W [D, I, 4H] and R [D, H, 4H] (transposed against the onnx LSTM's) are int8 or
-uint8 with a scale and zero point per direction or per direction and gate column. The weights
-are dequantized (once, when they are constants) and run through rnn.py's LSTM in float32
-with X rounded to uint8 steps as onnxruntime quantizes it (DynamicQuantizeLinear's range).
-onnxruntime also quantizes each step's hidden state, which onnxkiln does not: results differ
-from it by that rounding (about 1e-2 on unit-scale data, a few 1e-2 on wide layers).
+uint8 with a scale and zero point per direction or per direction and gate column, computed
+as onnxruntime's CPU kernel computes it: X (its first max(sequence_lens) steps) and, at each
+step, the previous hidden state of the whole batch are quantized to uint8 over their range
+(DynamicQuantizeLinear's), multiplied with the integer weights exactly, and the products
+scaled by the two scales; the gates then add the peepholes and the bias in onnxruntime's
+order. A hidden state read after its sequence ended is the last one, or 0 when Y is an
+output (onnxruntime reads it back from Y).
+
+Deviations: distinct zero points per gate column are honoured (onnxruntime takes the first
+one only), and the batch is quantized as one block, which is onnxruntime's single-threaded
+result: with more intra-op threads its kernel quantizes each thread's rows on their own
+when the batch has over 4 rows or 2 to 4 rows of at most 256 hidden units.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import rnn
 from onnxkiln.providers.cpu.quant import dynamic_quantize_linear
 from onnxkiln.providers.cpu.registry import kernel
-from onnxkiln.providers.cpu.rnn import lstm
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
 _QUANT = (np.dtype(np.int8), np.dtype(np.uint8))
-_N_LSTM = 8  # X, W, R, B, sequence_lens, initial_h, initial_c, P
 _W, _R, _W_SCALE = 1, 2, 8
 
 
-def _dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, name: str):
-    """[D, K, 4H] integers -> the onnx LSTM's float32 [D, 4H, K]."""
+class _Weights:
+    """One direction's integer weights minus their zero points [K, 4H] and scales [4H]."""
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> None:
+        # integers held in float64: BLAS sums their products exactly (below 2**53)
+        self.q = q.astype(np.float64) - zero.astype(np.float64).reshape(1, -1)
+        self.scale = np.broadcast_to(scale.astype(_F32, copy=False).reshape(-1),
+                                     (q.shape[1],))
+
+    def product(self, a: np.ndarray) -> np.ndarray:
+        """a (M, K) float32 @ the weights: a quantized to uint8 over its range, the integer
+        product exact, scaled by a's scale times the weights' (float32)."""
+        qa, a_scale, a_zero = dynamic_quantize_linear(np.ascontiguousarray(a, _F32))
+        acc = (qa.astype(np.float64) - float(a_zero)) @ self.q
+        return acc.astype(_F32) * (a_scale * self.scale)
+
+
+def _weights(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
+             name: str) -> list[_Weights]:
+    """Per direction, the checked weights of W or R ([D, K, 4H])."""
     if q.dtype not in _QUANT or q.ndim != 3:
         raise ValueError(f"DynamicQuantizeLSTM: {name} must be int8 or uint8 [D, K, 4H], "
                          f"got {q.dtype} {list(q.shape)}")
@@ -42,21 +65,43 @@ def _dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, name: 
         if v.shape not in ((d,), (d, gates)):
             raise ValueError(f"DynamicQuantizeLSTM: {name}_{part} must have shape [{d}] or "
                              f"[{d}, {gates}], got {list(v.shape)}")
-    w = q.astype(_F32)
-    w -= zero_point.astype(_F32).reshape(d, 1, -1)
-    w *= scale.astype(_F32, copy=False).reshape(d, 1, -1)
-    return np.ascontiguousarray(w.transpose(0, 2, 1))
+    return [_Weights(q[i], scale[i], zero_point[i]) for i in range(d)]
 
 
-def _uint8_steps(x: np.ndarray) -> np.ndarray:
-    """x quantized to uint8 over its whole range and back (onnxruntime's X for X W^T)."""
-    if not x.size:
-        return x
-    q, scale, zero = dynamic_quantize_linear(x)
-    out = q.astype(_F32)
-    out -= _F32.type(zero)
-    out *= _F32.type(scale)
-    return out
+def _gates(setup, xw: np.ndarray, r: _Weights, p, bias, h, c, acts, clip, want_y: bool,
+           input_forget: bool):
+    """The time loop of one direction over xw (T, B, 4H): (Y or None, (h, c))."""
+    f, g, hf = acts
+    n, steps = setup.hidden, xw.shape[0]
+    ys = np.zeros((setup.seq, setup.batch, n), _F32) if want_y else None
+    mask = setup.mask if setup.lens is not None else None
+    read = h  # the hidden state onnxruntime's recurrent product reads
+    for t in range(steps):
+        gates = xw[t] + r.product(read)
+        i, o, fg, cg = (gates[:, k * n:(k + 1) * n] for k in range(4))
+        if p is not None:
+            i += c * p[:n]
+        i = f(clip(i if bias is None else i + bias[:n]))
+        if input_forget:
+            fg = 1 - i
+        else:
+            if p is not None:
+                fg += c * p[2 * n:]
+            fg = f(clip(fg if bias is None else fg + bias[2 * n:3 * n]))
+        cg = g(clip(cg if bias is None else cg + bias[3 * n:]))
+        c_new = c * fg + i * cg
+        if p is not None:
+            o += c_new * p[n:2 * n]
+        o = f(clip(o if bias is None else o + bias[n:2 * n]))
+        h_new = hf(c_new.copy()) * o
+        if mask is not None:
+            h_new = np.where(mask[t], h_new, h)
+            c_new = np.where(mask[t], c_new, c)
+        h, c = h_new, c_new
+        read = h if mask is None or not want_y else h * mask[t]
+        if want_y:
+            ys[t] = read
+    return ys, (h, c)
 
 
 @kernel("DynamicQuantizeLSTM", since=1, domain=MS, factory=True, multi_output=True)
@@ -64,24 +109,15 @@ def dynamic_quantize_lstm(info: NodeInfo) -> Callable[..., tuple]:
     """LSTM with quantized W and R (W_scale, W_zero_point, R_scale, R_zero_point last)."""
     if "layout" in info.attrs and int(info.attrs["layout"] or 0):
         raise ValueError("DynamicQuantizeLSTM has no layout attribute (batch first)")
+    reverse, _, hidden_size, clip, acts, want_y, _ = rnn._common(
+        info, 3, ["Sigmoid", "Tanh", "Tanh"])
+    input_forget = bool(int(info.attrs.get("input_forget") or 0))
     consts = tuple(info.const_inputs) + (None,) * (info.n_inputs - len(info.const_inputs))
     fixed = {}
     for i, name in ((_W, "W"), (_R, "R")):
         parts = [consts[i], *consts[_W_SCALE + 2 * (i - 1):_W_SCALE + 2 * i]]
-        if all(p is not None for p in parts):
-            fixed[i] = _dequantize(*parts, name)
-    dtypes = list(info.input_dtypes[:_N_LSTM])
-    shapes = list(info.input_shapes[:_N_LSTM])
-    for i in (_W, _R):  # as the onnx LSTM sees them: float like X, [D, 4H, K]
-        if i < len(dtypes):
-            dtypes[i] = dtypes[0]
-        if i < len(shapes) and shapes[i] is not None and len(shapes[i]) == 3:
-            shapes[i] = (shapes[i][0], shapes[i][2], shapes[i][1])
-    inner = lstm(dataclasses.replace(
-        info, op_type="LSTM", domain="", n_inputs=min(info.n_inputs, _N_LSTM),
-        input_present=tuple(info.input_present[:_N_LSTM]),
-        input_dtypes=tuple(dtypes), input_shapes=tuple(shapes),
-        const_inputs=tuple(fixed.get(i, c) for i, c in enumerate(consts[:_N_LSTM]))))
+        if all(v is not None for v in parts):
+            fixed[i] = _weights(*parts, name)
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None,
             w_scale=None, w_zero_point=None, r_scale=None, r_zero_point=None):
@@ -90,15 +126,35 @@ def dynamic_quantize_lstm(info: NodeInfo) -> Callable[..., tuple]:
                              "R_zero_point are required")
         if x.dtype != _F32:
             raise TypeError(f"DynamicQuantizeLSTM: X must be float32, got {x.dtype}")
-        wf = fixed.get(_W)
-        if wf is None:
-            wf = _dequantize(w, w_scale, w_zero_point, "W")
-        rf = fixed.get(_R)
-        if rf is None:
-            rf = _dequantize(r, r_scale, r_zero_point, "R")
-        out = inner(_uint8_steps(x), wf, rf, b, sequence_lens, initial_h, initial_c, p)
-        run.variant = inner.variant
-        return out
+        ws = fixed.get(_W) or _weights(w, w_scale, w_zero_point, "W")
+        rs = fixed.get(_R) or _weights(r, r_scale, r_zero_point, "R")
+        n = rs[0].q.shape[0]
+        shaped_r = np.empty((len(reverse), 4 * n, n), _F32)  # for the setup's shape checks
+        s = rnn._Setup(x, shaped_r, sequence_lens, [initial_h, initial_c], 0, 4, hidden_size,
+                       len(reverse))
+        if len(ws) != len(reverse) or ws[0].q.shape != (x.shape[2], 4 * n):
+            raise ValueError(f"DynamicQuantizeLSTM: W must be [{len(reverse)}, {x.shape[2]}, "
+                             f"{4 * n}], got {list(np.shape(w))}")
+        if p is not None and p.shape != (len(reverse), 3 * n):
+            raise ValueError(f"P must have shape {(len(reverse), 3 * n)}, got {p.shape}")
+        steps = s.seq if s.lens is None else int(s.lens.max(initial=0))
+        rows = s.x[:steps].reshape(-1, s.x.shape[2])
+        ys, hs, cs = [], [], []
+        for d, rev in enumerate(reverse):
+            xw = np.zeros((s.seq, s.batch, 4 * n), _F32)
+            xw[:steps] = ws[d].product(rows).reshape(steps, s.batch, -1)
+            if rev:
+                xw = s._reverse(xw)
+            wb, rb = rnn._split_bias(b, d, 4, n, _F32)
+            h0 = rnn._zeros(s) if s.initial[0] is None else s.initial[0][d]
+            c0 = rnn._zeros(s) if s.initial[1] is None else s.initial[1][d]
+            pd = None if p is None else p[d].astype(_F32, copy=False)
+            y, (h, c) = _gates(s, xw[:steps], rs[d], pd, None if wb is None else wb + rb,
+                               h0, c0, acts[d], clip, want_y, input_forget)
+            ys.append(y)
+            hs.append(h)
+            cs.append(c)
+        return s.finish(ys if want_y else None, [hs, cs], reverse)
 
-    run.variant = inner.variant
+    run.variant = "dynamicquantizelstm.numpy"
     return run
