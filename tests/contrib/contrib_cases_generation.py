@@ -1,7 +1,9 @@
-"""Generated cases for the search ops (GreedySearch, Sampling, BeamSearch) over a one-layer
-GPT-2 style decoder subgraph with random weights: the logits read the whole past (so a wrong
-cache changes the tokens), eos/pad handling, min_length, repetition penalty, n-gram blocking;
-Sampling only with top_p small enough to keep one token (its generator is not onnxruntime's)."""
+"""Generated cases for the search ops (GreedySearch, Sampling, BeamSearch, WhisperBeamSearch)
+over one-layer decoder subgraphs with random weights (GPT-2 style, T5 and Whisper style
+encoder-decoder pairs): the logits read the whole past (so a wrong cache changes the
+tokens), eos/pad handling, min_length, repetition penalty, n-gram blocking, Whisper's
+prompts, temperature and timestamp rules; Sampling only with top_p small enough to keep one
+token (its generator is not onnxruntime's)."""
 
 from __future__ import annotations
 
@@ -102,6 +104,45 @@ def t5_pair(seed: int) -> tuple[onnx.GraphProto, onnx.GraphProto]:
     return enc, dec
 
 
+def whisper_pair(seed: int, frames: int = 5, features: int = 4,
+                 vocab: int = 120) -> tuple[onnx.GraphProto, onnx.GraphProto]:
+    """A one-layer, one-head Whisper style pair (model_type 2): the encoder reads float
+    features (B, features, frames), gives the first logits for decoder_input_ids (B, L),
+    tanh(features @ Wenc) as hidden states, the self key/value of the prompt and the cross
+    key/value; the decoder declares the hidden states but reads the cross keys."""
+    rng = np.random.default_rng(seed)
+    w = {"E": rng.standard_normal((vocab, D)) * 1.5, "Wenc": rng.standard_normal((features, D)),
+         "Wk": rng.standard_normal((D, D)), "Wout": rng.standard_normal((D, vocab)) * 1.5,
+         "Wctx": rng.standard_normal((D, vocab)), "Wx": rng.standard_normal((D, vocab))}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "ax1"))
+    n, i32, f32 = helper.make_node, TensorProto.INT32, TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    kv4, cross4 = ["B", 1, "T", D], ["B", 1, frames, D]
+    enc = helper.make_graph(
+        [n("Transpose", ["encoder_input_ids"], ["ft"], perm=[0, 2, 1]),
+         n("MatMul", ["ft", "Wenc"], ["eh"]), n("Tanh", ["eh"], ["encoder_hidden_states"]),
+         n("Unsqueeze", ["encoder_hidden_states", "ax1"], ["cross_k"]),
+         n("Identity", ["cross_k"], ["present_key_cross_0"]),
+         n("Identity", ["cross_k"], ["present_value_cross_0"]),
+         *_t5_step(n, "decoder_input_ids", False)], "encoder",
+        [vi("encoder_input_ids", f32, ["B", features, frames]),
+         vi("decoder_input_ids", i32, ["B", "L"])],
+        [vi("logits", f32, ["B", "L", vocab]),
+         vi("encoder_hidden_states", f32, ["B", frames, D]),
+         vi("present_key_self_0", f32, kv4), vi("present_value_self_0", f32, kv4),
+         vi("present_key_cross_0", f32, cross4), vi("present_value_cross_0", f32, cross4)], inits)
+    dec = helper.make_graph(
+        [n("Identity", ["past_key_cross_0"], ["cross_k"]), *_t5_step(n, "input_ids", True)],
+        "decoder",
+        [vi("input_ids", i32, ["B", 1]), vi("encoder_hidden_states", f32, ["B", frames, D]),
+         vi("past_key_self_0", f32, kv4), vi("past_value_self_0", f32, kv4),
+         vi("past_key_cross_0", f32, cross4), vi("past_value_cross_0", f32, cross4)],
+        [vi("logits", f32, ["B", 1, vocab]), vi("present_key_self_0", f32, kv4),
+         vi("present_value_self_0", f32, kv4)], inits)
+    return enc, dec
+
+
 def _prompt(rng, batch=2, length=3):
     return rng.integers(1, VOCAB, (batch, length)).astype(I32)
 
@@ -143,5 +184,41 @@ def beam_search(rng):
     enc, dec = t5_pair(4)
     t5 = {"encoder": enc, "decoder": dec, "decoder_start_token_id": 1, "eos_token_id": 2,
           "pad_token_id": 0, "model_type": 1, "early_stopping": 0}
-    return [Case("3-beams-2-returned", feeds, attrs, n_out=2, rtol=1e-4, atol=1e-5, opset=17),
-            Case("t5-encoder-decoder", feeds, t5, n_out=2, rtol=1e-4, atol=1e-5, opset=17)]
+    # decoder_input_ids is unused and logits_processor only checked by onnxruntime's CPU
+    # kernel for model_types 0 and 1 (its one processor, timestamps, is WhisperBeamSearch's)
+    names = ["ids", "max", "min", "beams", "ret", "lp", "", "", "", "", "dii", "lproc"]
+    extra = {**feeds, "dii": np.array([[1, 4], [1, 5]], I32), "lproc": scalar([1], I32)}
+    tol = {"n_out": 2, "rtol": 1e-4, "atol": 1e-5, "opset": 17}
+    return [Case("3-beams-2-returned", feeds, attrs, **tol),
+            Case("t5-encoder-decoder", feeds, t5, **tol),
+            Case("decoder-input-ids-logits-processor", extra, attrs, names=names, **tol),
+            Case("t5-decoder-input-ids-logits-processor", extra, t5, names=names, **tol),
+            Case("negative-logits-processor", {**extra, "lproc": scalar([-1], I32)}, t5,
+                 names=names, refuses=True, **tol)]
+
+
+@spec("WhisperBeamSearch")
+def whisper_beam_search(rng):
+    enc, dec = whisper_pair(5)
+    tokens = {"eos_token_id": 90, "pad_token_id": 89, "decoder_start_token_id": 91,
+              "translate_token_id": 92, "transcribe_token_id": 93, "start_of_lm_token_id": 94,
+              "no_timestamps_token_id": 96, "beginning_timestamp_token_id": 97,
+              "model_type": 2, "encoder": enc, "decoder": dec}
+    feeds = {"features": rng.standard_normal((2, 4, 5)).astype(F32), "max": scalar([9], I32),
+             "min": scalar([1], I32), "beams": scalar([3], I32), "ret": scalar([2], I32),
+             "lp": scalar([1.0], F32)}
+    names = ["features", "max", "min", "beams", "ret", "lp", "", "", "", "", "dii", "lproc", "",
+             "", "temp"]
+    prompted = {**feeds, "dii": np.array([[91, 93]] * 2, I32), "lproc": scalar([1], I32),
+                "temp": scalar([0.8], F32)}
+    tol = {"n_out": 2, "rtol": 1e-4, "atol": 1e-5, "opset": 17}
+    return [Case("3-beams-2-returned", feeds, tokens, **tol),
+            Case("prompt-timestamps-temperature", prompted, tokens, names=names, **tol),
+            Case("per-step-scores", prompted, tokens, names=names,
+                 **{**tol, "n_out": 3, "atol": 1e-4}),
+            # onnxruntime's CPU kernel refuses the cross QK output
+            Case("cross-qk-refused", feeds, {**tokens, "decoder_output_cross_qk": 1},
+                 refuses=True, **tol),
+            # and runs no decoder step when max_length is the prompt's length + 1
+            Case("max-length-prompt-plus-one", {**prompted, "max": scalar([3], I32)}, tokens,
+                 names=names, refuses=True, **tol)]

@@ -31,6 +31,7 @@ from onnxkiln.providers.cpu import (  # noqa: F401  (importing registers the ker
     contrib_tensor,
     contrib_text,
     contrib_transformer,
+    contrib_whisper,
     control,
     conv,
     detection,

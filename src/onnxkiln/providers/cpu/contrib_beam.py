@@ -6,14 +6,17 @@ Each step scores every beam's next tokens by log-softmax plus the beam's running
 the best 2 * num_beams candidates per batch item and takes them in order: a candidate ending
 in eos_token_id (among the first num_beams) becomes a finished hypothesis scored
 sum / length ** length_penalty, the others continue as beams until num_beams are chosen.
-A batch item is done once it holds num_beams hypotheses and, unless early_stopping, no beam
-can still beat its worst one. The best num_return_sequences hypotheses are returned, padded
-with pad_token_id to max_length.
+A batch item is done once it holds num_beams hypotheses and, unless early_stopping, its worst
+one scores at least a best candidate sum over the length before the step (onnxruntime reads
+that sum from a window of the flat candidate scores shifted for every item but the first).
+The best num_return_sequences hypotheses are returned, padded with pad_token_id to
+max_length.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,7 +49,9 @@ class _Hypotheses:
         self.done = False
 
     def score(self, total: float, length: int) -> float:
-        return float(np.float32(total) / np.float32(length ** self.penalty))
+        # float32 throughout, powf included, as onnxruntime's scorer computes it
+        scale = np.power(np.float32(length), np.float32(self.penalty))
+        return float(np.float32(total) / scale)
 
     def worst(self) -> float:
         return min(s for s, _ in self.items) if self.items else 1e9
@@ -55,8 +60,10 @@ class _Hypotheses:
         s = self.score(total, seq.size)
         if len(self.items) < self.beams or s > self.worst():
             self.items.append((s, seq.copy()))
-            if len(self.items) > self.beams:
-                self.items.remove(min(self.items, key=lambda t: t[0]))
+            if len(self.items) > self.beams:  # drop the latest of the tied worst
+                worst = self.worst()
+                last = max(i for i, (sc, _) in enumerate(self.items) if sc == worst)
+                del self.items[last]
 
     def finished(self, best_total: float, length: int) -> bool:
         if len(self.items) < self.beams:
@@ -69,15 +76,11 @@ class _Hypotheses:
 class _Beams:
     """The search state of one run: sequences (batch * beams, cur), beam sums, hypotheses."""
 
-    def __init__(self, ids: np.ndarray, beams: int, max_len: int, penalty: float, early: bool,
-                 done_shift: int = 1):
+    def __init__(self, ids: np.ndarray, beams: int, max_len: int, penalty: float, early: bool):
         """ids: (batch, L) the sequences' first columns, each row repeated `beams` times.
 
-        done_shift: a full batch item is judged done against its best candidate's sum over
-        the length after this step (GPT-2 style, 1) or before it (encoder-decoder, 0): the
-        lengths that follow onnxruntime best on generated cases. Exact ties between the worst
-        hypothesis and that bound can still be decided the other way by onnxruntime."""
-        self.done_shift = done_shift
+        A full batch item is judged done against a best sum over the sequence length before
+        the step; `_bound` says which best sum."""
         self.batch, self.k, self.max_len = ids.shape[0], beams, max_len
         self.seqs = np.repeat(ids, beams, axis=0)
         self.sums = np.zeros((self.batch, beams), _F32)
@@ -94,9 +97,9 @@ class _Beams:
         tokens = np.full((self.batch, k), pad, _I32)
         sums = np.zeros((self.batch, k), _F32)
         for b in range(self.batch):
-            if self.hyps[b].done:  # pad tokens on row 0's state, as onnxruntime: only the
-                parents[b] = 0     # optional per-step scores show them
-                continue
+            if self.hyps[b].done:  # pad tokens on row 0's state (on its own with one beam,
+                parents[b] = 0 if k > 1 else b  # where onnxruntime reorders no pasts): only
+                continue                        # the optional per-step scores show them
             chosen = 0
             for rank, idx in enumerate(top[b]):
                 beam, tok = divmod(int(idx), vocab)
@@ -110,12 +113,18 @@ class _Beams:
                 chosen += 1
                 if chosen == k:
                     break
-            best = float(total[b, top[b, 0]])
-            self.hyps[b].done = self.hyps[b].finished(best, cur + self.done_shift)
+            self.hyps[b].done = self.hyps[b].finished(self._bound(total, top, b), cur)
         order = parents.reshape(-1)
         self.seqs = np.concatenate([self.seqs[order], tokens.reshape(-1, 1)], axis=1)
         self.sums = sums
         return order, tokens.reshape(-1)
+
+    def _bound(self, total: np.ndarray, top: np.ndarray, b: int) -> float:
+        """The best sum batch item b's done check compares with: onnxruntime takes the
+        maximum of the flat (batch, 2 * beams) candidate scores over [b * beams,
+        b * beams + 2 * beams), so from item 1 on the window starts in the item before."""
+        flat = np.take_along_axis(total, top, axis=1).reshape(-1)
+        return float(flat[b * self.k:b * self.k + 2 * self.k].max())
 
     def finish(self, returns: int, pad: int):
         """(sequences (batch, returns, max_len), their scores (batch, returns))."""
@@ -132,7 +141,8 @@ class _Beams:
         return out, best
 
 
-def _counts(op: str, ins: list) -> tuple[int, int, float]:
+def counts(op: str, ins: list) -> tuple[int, int, float]:
+    """num_beams, num_return_sequences and length_penalty from inputs 3 to 5, checked."""
     beams = gen.scalar(ins[3], f"{op} num_beams", None)
     returns = gen.scalar(ins[4], f"{op} num_return_sequences", None)
     if beams is None or returns is None:
@@ -143,10 +153,68 @@ def _counts(op: str, ins: list) -> tuple[int, int, float]:
     return beams, returns, gen.scalar(ins[5], f"{op} length_penalty", 1.0, float)
 
 
+def logits_processor(op: str, value) -> int:
+    """The optional logits_processor input (>= 0; 0 when absent)."""
+    kind = gen.scalar(value, f"{op} logits_processor", 0)
+    if kind < 0:
+        raise ValueError(f"{op}: logits_processor must be >= 0, got {kind}")
+    return kind
+
+
+@dataclass(frozen=True)
+class BeamRun:
+    """One beam search's settings: the loop `decode` runs with them."""
+
+    beams: int
+    returns: int
+    max_len: int
+    penalty: float
+    early: bool
+    eos: int
+    pad: int
+    vocab: int
+    want_scores: bool
+    stop_after_first: bool = True  # WhisperBeamSearch runs the decoder once before checking
+
+
+def decode(run: BeamRun, first: np.ndarray, logits: np.ndarray, proc,
+           step: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> list:
+    """The beam loop BeamSearch and WhisperBeamSearch share: [sequences, sequences_scores,
+    scores when wanted]. `first` (batch, L) starts the sequences, `logits` (batch * beams,
+    V') are the first step's, `proc.apply` edits the log-probs, and `step(tokens, parents,
+    sequences)` runs the decoder for the next logits. The per-step scores have onnxruntime's
+    shape (max_length - L, batch, beams, vocab); steps never run (every item done) read 0."""
+    batch, length = first.shape
+    state = _Beams(first, run.beams, run.max_len, run.penalty, run.early)
+    steps = np.zeros((run.max_len - length, batch * run.beams, run.vocab), _F32) \
+        if run.want_scores else None
+    n = 0
+    while True:
+        scores = log_softmax(np.array(logits[:, :run.vocab], _F32))
+        with np.errstate(over="ignore"):  # a banned token's lowest float plus a sum: -inf
+            proc.apply(scores, state.seqs, n == 0, run.beams)
+            if steps is not None:
+                steps[n] = scores + state.sums.reshape(-1, 1)
+            order, tokens = state.advance(scores, run.eos, run.pad)
+        n += 1
+        if state.seqs.shape[1] >= run.max_len:
+            break
+        if all(h.done for h in state.hyps) and (n > 1 or run.stop_after_first):
+            break
+        logits = step(tokens, order, state.seqs)
+    out = list(state.finish(run.returns, run.pad))
+    if steps is not None:
+        out.append(steps.reshape(-1, batch, run.beams, run.vocab))
+    return out
+
+
 @kernel("BeamSearch", since=1, domain=MS, factory=True, multi_output=True,
         capture=CaptureSupport.HOST_SYNC, variant="beamsearch.gpt")
 def beam_search(info: NodeInfo) -> Callable[..., tuple]:
-    """Beam search: sequences, the optional sequences_scores and per-step scores."""
+    """Beam search: sequences, the optional sequences_scores and per-step scores.
+    decoder_input_ids and logits_processor are read as onnxruntime's CPU kernel reads them
+    for model_types 0 and 1: the first not at all, the second only checked (>= 0), its one
+    processor (Whisper timestamps) belonging to WhisperBeamSearch."""
     op = "BeamSearch"
     placeholder = unbuilt(info, search_subgraphs(info))
     if placeholder is not None:
@@ -158,32 +226,16 @@ def beam_search(info: NodeInfo) -> Callable[..., tuple]:
     def run(*args) -> tuple:
         ins = list(args[:info.n_inputs]) + [None] * max(0, 12 - info.n_inputs)
         captured = args[info.n_inputs:]
-        if ins[10] is not None or ins[11] is not None:
-            raise ValueError(f"{op}: decoder_input_ids and logits_processor are not supported")
+        logits_processor(op, ins[11])
         pad, eos = gen.int_attr(info, "pad_token_id", 0), gen.int_attr(info, "eos_token_id", -1)
         ids, mask, max_len = gen.prompt(op, ins[0], ins[1], ins[9], pad,
                                         isinstance(dec, EncoderDecoder))
-        beams, returns, penalty = _counts(op, ins)
+        beams, returns, penalty = counts(op, ins)
         first, logits, dstate = begin(dec, ids, mask, pad, beams, captured)
-        batch, length = first.shape
-        state = _Beams(first, beams, max_len, penalty, early,
-                       0 if isinstance(dec, EncoderDecoder) else 1)
         vocab = gen.vocab_size(op, info, logits)
-        proc = gen.processors(op, info, vocab, batch, ins[2], ins[6], ins[7], ins[8])
-        steps = []
-        while True:
-            scores = log_softmax(np.array(logits[:, :vocab], _F32))
-            proc.apply(scores, state.seqs, state.seqs.shape[1] == length, beams)
-            if want_scores:
-                steps.append(scores + state.sums.reshape(-1, 1))
-            order, tokens = state.advance(scores, eos, pad)
-            if state.seqs.shape[1] >= max_len or all(h.done for h in state.hyps):
-                break
-            logits = dec.step(tokens, dstate, captured, order)
-        seqs, best = state.finish(returns, pad)
-        out = [seqs, best]
-        if want_scores:
-            out.append(np.stack(steps).reshape(len(steps), batch, beams, vocab))
-        return tuple(out)
+        proc = gen.processors(op, info, vocab, first.shape[0], ins[2], ins[6], ins[7], ins[8])
+        settings = BeamRun(beams, returns, max_len, penalty, early, eos, pad, vocab, want_scores)
+        return tuple(decode(settings, first, logits, proc,
+                            lambda tok, order, _: dec.step(tok, dstate, captured, order)))
 
     return run

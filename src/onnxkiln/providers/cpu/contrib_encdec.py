@@ -31,8 +31,8 @@ def model_type(op: str, info: NodeInfo) -> int:
     kind = gen.int_attr(info, "model_type", 0)
     if kind not in (0, 1):
         raise ValueError(f"{op}: model_type {kind} is not supported (0: GPT-2 style decoder, "
-                         f"1: T5/BART encoder-decoder; Whisper is model_type 2 of "
-                         f"WhisperBeamSearch, not supported)")
+                         f"1: T5/BART encoder-decoder; Whisper, model_type 2, runs as "
+                         f"WhisperBeamSearch)")
     return kind
 
 
