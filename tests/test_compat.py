@@ -1007,3 +1007,18 @@ def test_numpy_str_and_bytes_arrays_feed_string_inputs_through_compat():
     (want,) = _ort(model).run(None, {"x": text})
     for given in (text, np.char.encode(text, "utf-8")):
         assert ours.run(None, {"x": given})[0].tolist() == want.tolist() == ["a", "b\u00e9"]
+
+
+def test_session_made_outputs_have_a_backing_base_as_onnxruntime_returns_them(two_branch_path):
+    """onnxruntime hands out session-owned outputs as arrays backed by another object; so
+    does compat, with the same memory and values, and nothing shared with the feeds."""
+    feeds = {"x": A, "z": A + 1}
+    ours = rt.InferenceSession(two_branch_path).run(None, feeds)
+    theirs = _ort(_two_branch()).run(None, feeds)
+    assert all(t.base is not None for t in theirs)
+    for o, t in zip(ours, theirs, strict=True):
+        assert o.base is not None and not np.shares_memory(o, A)
+        np.testing.assert_array_equal(o, t)
+    ours[0][...] = 0  # the caller's to change: the next run is unaffected
+    np.testing.assert_array_equal(rt.InferenceSession(two_branch_path).run(["y1"], feeds)[0],
+                                  theirs[0])

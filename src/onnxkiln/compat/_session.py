@@ -454,7 +454,7 @@ class InferenceSession:
                 logger.debug("run '%s': outputs %s", run_options.logid, names)
         with log_threshold(severity):
             results = session.run_outputs(feed, cancel=cancel, timeout=timeout)
-        return [results[index[n]].value for n in names]
+        return [_backed(results[index[n]].value) for n in names]
 
     def _session_for(self, names: list[str]) -> tuple[_Session, dict[str, int]]:
         """The session computing `names` and where each lands in its outputs."""
@@ -530,3 +530,12 @@ def _void_as_strings(value: Any) -> Any:
     except UnicodeDecodeError as e:
         raise InvalidInputError(f"np.void input is not UTF-8 text: {e}") from None
     return np.array(strings, dtype=object).reshape(value.shape)
+
+
+def _backed(value: Any) -> Any:
+    """A session-made array as onnxruntime hands it out: a view whose `.base` holds the
+    buffer (programs and onnxruntime's own tests read a base as "not a separate copy");
+    the same memory, no copy."""
+    if type(value) is np.ndarray and value.base is None:
+        return value.view()
+    return value
