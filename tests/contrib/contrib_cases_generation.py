@@ -185,7 +185,7 @@ def beam_search(rng):
     t5 = {"encoder": enc, "decoder": dec, "decoder_start_token_id": 1, "eos_token_id": 2,
           "pad_token_id": 0, "model_type": 1, "early_stopping": 0}
     # decoder_input_ids is unused and logits_processor only checked by onnxruntime's CPU
-    # kernel for model_types 0 and 1 (its one processor, timestamps, is WhisperBeamSearch's)
+    # kernel for model_types 0 and 1 (its one processor, timestamps, needs model_type 2)
     names = ["ids", "max", "min", "beams", "ret", "lp", "", "", "", "", "dii", "lproc"]
     extra = {**feeds, "dii": np.array([[1, 4], [1, 5]], I32), "lproc": scalar([1], I32)}
     tol = {"n_out": 2, "rtol": 1e-4, "atol": 1e-5, "opset": 17}
@@ -194,7 +194,31 @@ def beam_search(rng):
             Case("decoder-input-ids-logits-processor", extra, attrs, names=names, **tol),
             Case("t5-decoder-input-ids-logits-processor", extra, t5, names=names, **tol),
             Case("negative-logits-processor", {**extra, "lproc": scalar([-1], I32)}, t5,
-                 names=names, refuses=True, **tol)]
+                 names=names, refuses=True, **tol),
+            *_beam_search_whisper(rng, tol)]
+
+
+def _beam_search_whisper(rng, tol: dict) -> list[Case]:
+    """BeamSearch with model_type 2, as onnxruntime runs it: WhisperBeamSearch's loop with
+    decoder_input_ids as the prompt, temperature 1 and no timestamp token ids."""
+    enc, dec = whisper_pair(6)
+    attrs = {"eos_token_id": 90, "pad_token_id": 89, "decoder_start_token_id": 91,
+             "model_type": 2, "encoder": enc, "decoder": dec, "early_stopping": 0}
+    feeds = {"features": rng.standard_normal((2, 4, 5)).astype(F32), "max": scalar([9], I32),
+             "min": scalar([1], I32), "beams": scalar([3], I32), "ret": scalar([2], I32),
+             "lp": scalar([1.0], F32)}
+    names = ["features", "max", "min", "beams", "ret", "lp", "", "", "", "", "dii", "lproc"]
+    prompted = {**feeds, "dii": np.array([[91, 93]] * 2, I32), "lproc": scalar([0], I32)}
+    return [Case("whisper-model-type-2", feeds, attrs, **tol),
+            Case("whisper-prompt-per-step-scores", prompted, attrs, names=names,
+                 **{**tol, "n_out": 3, "atol": 1e-4}),
+            # logits_processor 1 is the timestamp processor: BeamSearch has no
+            # beginning_timestamp_token_id, so onnxruntime fails its range check
+            Case("whisper-timestamps-refused", {**prompted, "lproc": scalar([1], I32)}, attrs,
+                 names=names, refuses=True, **tol),
+            # and its schema check refuses WhisperBeamSearch's attributes
+            Case("whisper-timestamp-attribute-refused", feeds,
+                 {**attrs, "beginning_timestamp_token_id": 97}, refuses=True, **tol)]
 
 
 @spec("WhisperBeamSearch")

@@ -1,6 +1,6 @@
 """A tiny Whisper style encoder/decoder subgraph pair (model_type 2 of com.microsoft
-WhisperBeamSearch, as onnxruntime.transformers' Whisper export writes it for the beam search
-op) and WhisperBeamSearch models around it.
+WhisperBeamSearch and BeamSearch, as onnxruntime.transformers' Whisper export writes it for
+the beam search op) and search models around it.
 
 encoder: encoder_input_ids (float features (B, FEATURES, FRAMES)), decoder_input_ids (B, L)
 -> logits (B, L, V), encoder_hidden_states (B, FRAMES, d), present_{key,value}_self_i
@@ -97,17 +97,18 @@ def features(rng: np.random.Generator, batch: int) -> np.ndarray:
 
 
 def search_model(feeds: dict, outputs=("sequences", "sequences_scores"), graphs=None,
-                 **attrs) -> onnx.ModelProto:
-    """A model with one WhisperBeamSearch node over the pair; the feeds present become graph
-    inputs, the others absent inputs; `outputs` may hold "" for an absent output."""
+                 op: str = "WhisperBeamSearch", **attrs) -> onnx.ModelProto:
+    """A model with one `op` node (WhisperBeamSearch, or BeamSearch with model_type 2, whose
+    inputs stop at logits_processor) over the pair; the feeds present become graph inputs,
+    the others absent inputs; `outputs` may hold "" for an absent output."""
     last = max(INPUTS.index(k) for k in feeds)
     node_inputs = [n if n in feeds else "" for n in INPUTS[:last + 1]]
     vis = [h.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype),
                                     list(v.shape)) for n, v in feeds.items()]
     enc, dec = graphs if graphs is not None else pair()
     attrs.setdefault("model_type", 2)
-    node = h.make_node("WhisperBeamSearch", node_inputs, list(outputs), domain="com.microsoft",
-                       encoder=enc, decoder=dec, **attrs)
+    node = h.make_node(op, node_inputs, list(outputs), domain="com.microsoft", encoder=enc,
+                       decoder=dec, **attrs)
     g = h.make_graph([node], "search", vis,
                      [h.make_value_info(o, onnx.TypeProto()) for o in outputs if o])
     opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]

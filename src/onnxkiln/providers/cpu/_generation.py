@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln.errors import ModelLoadError
 from onnxkiln.providers.base import NodeInfo
 
 _I32 = np.dtype(np.int32)
@@ -34,6 +35,34 @@ def scalar(value: np.ndarray | None, what: str, default: Any, kind: type = int) 
 
 def int_attr(info: NodeInfo, name: str, default: int) -> int:
     return int(info.attrs.get(name, default))
+
+
+@dataclass(frozen=True)
+class NodeSchema:
+    """What onnxruntime's schema check reads of a search node when it loads the model."""
+
+    attributes: frozenset[str]
+    required: tuple[str, ...]
+    max_inputs: int
+    max_outputs: int
+
+    def check(self, op: str, info: NodeInfo, hint: str = "") -> None:
+        """Refuse, as onnxruntime refuses the model, an attribute the schema lacks, a missing
+        required one, or more inputs or outputs than it declares; `hint` follows an
+        unrecognized attribute's message."""
+        names = set(info.node.attributes) if info.node is not None else set(info.attrs)
+        where = f"this is an invalid model: node {info.describe()}"
+        unknown = sorted(names - self.attributes)
+        if unknown:
+            raise ModelLoadError(f"{where}: Unrecognized attribute: {unknown[0]} for operator "
+                                 f"{op} (it takes {', '.join(sorted(self.attributes))}){hint}")
+        missing = [n for n in self.required if n not in names]
+        if missing:
+            raise ModelLoadError(f"{where}: Required attribute '{missing[0]}' is missing")
+        for kind, n, most in (("input", info.n_inputs, self.max_inputs),
+                              ("output", info.n_outputs, self.max_outputs)):
+            if n > most:
+                raise ModelLoadError(f"{where}: {op} has {kind} size {n}, at most {most}")
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,15 @@ _I32 = np.dtype(np.int32)
 _F32 = np.dtype(np.float32)
 
 
-def model_type(op: str, info: NodeInfo) -> int:
-    """The model_type attribute, refused unless 0 (GPT-2 style) or 1 (encoder-decoder)."""
+def model_type(op: str, info: NodeInfo, served: tuple[int, ...] = (0, 1)) -> int:
+    """The model_type attribute, refused unless one of `served`: 0 (GPT-2 style) and 1
+    (encoder-decoder) for every search op, 2 (Whisper) for BeamSearch."""
     kind = gen.int_attr(info, "model_type", 0)
-    if kind not in (0, 1):
+    if kind not in served:
+        whisper = (", 2: Whisper encoder-decoder" if 2 in served else
+                   "; Whisper, model_type 2, runs as BeamSearch or WhisperBeamSearch")
         raise ValueError(f"{op}: model_type {kind} is not supported (0: GPT-2 style decoder, "
-                         f"1: T5/BART encoder-decoder; Whisper, model_type 2, runs as "
-                         f"WhisperBeamSearch)")
+                         f"1: T5/BART encoder-decoder{whisper})")
     return kind
 
 

@@ -1,11 +1,16 @@
-"""CPU kernel: com.microsoft WhisperBeamSearch (model_type 2), beam search over the Whisper
-encoder-decoder pair that onnxruntime.transformers' Whisper export writes
-(`_whisper_pair.py`), as onnxruntime's CPU kernel runs it.
+"""CPU kernel: com.microsoft WhisperBeamSearch, and the model_type 2 run that BeamSearch
+(`contrib_beam.py`) shares with it: beam search over the Whisper encoder-decoder pair that
+onnxruntime.transformers' Whisper export writes (`_whisper_pair.py`), as onnxruntime's CPU
+kernel runs it.
 
 The sequences start with decoder_input_ids (or decoder_start_token_id alone) and the beams
-follow BeamSearch's loop (`contrib_beam.decode`), except that the first check for every batch
+follow the shared loop (`_beam_search.decode`), except that the first check for every batch
 item being done comes after the first decoder run. After the common logits processors come
 temperature and, with logits_processor 1, the timestamp rules (`_whisper_timestamps.py`).
+BeamSearch with model_type 2 runs the same way without what its schema lacks, as onnxruntime
+runs it: no temperature, extra_decoding_ids or cross_qk_layer_head input (temperature 1), no
+cross_qk or no_speech_probs output, and no timestamp token attributes, so its logits_processor
+1 is refused (beginning_timestamp_token_id is unset).
 
 Where onnxruntime's CPU kernel differs from the op's description, onnxkiln follows the
 kernel: attention_mask (3-D) and extra_decoding_ids are checked and then unused, init_decoder
@@ -27,26 +32,36 @@ import numpy as np
 
 from onnxkiln.providers.base import CaptureSupport, NodeInfo
 from onnxkiln.providers.cpu import _generation as gen
+from onnxkiln.providers.cpu._beam_search import BeamRun, counts, decode, logits_processor
 from onnxkiln.providers.cpu._whisper_pair import WhisperPair
 from onnxkiln.providers.cpu._whisper_timestamps import WhisperProcessors
-from onnxkiln.providers.cpu.contrib_beam import BeamRun, counts, decode, logits_processor
 from onnxkiln.providers.cpu.contrib_generation import search_subgraphs
 from onnxkiln.providers.cpu.contrib_transformer import MS
 from onnxkiln.providers.cpu.control import unbuilt
 from onnxkiln.providers.cpu.registry import kernel
 
-__all__: list[str] = []
+__all__ = ["WHISPER_ONLY", "whisper_search"]
 
 _I32 = np.dtype(np.int32)
 _F32 = np.dtype(np.float32)
 _N_INPUTS = 15
+WHISPER_ONLY = frozenset({
+    "beginning_timestamp_token_id", "decoder_output_cross_qk", "no_speech_token_id",
+    "no_timestamps_token_id", "start_of_lm_token_id", "transcribe_token_id",
+    "translate_token_id"})
+"""WhisperBeamSearch's attributes that BeamSearch's schema lacks."""
+SCHEMA = gen.NodeSchema(
+    WHISPER_ONLY | {"decoder", "decoder_start_token_id", "early_stopping", "encoder",
+                    "eos_token_id", "init_decoder", "model_type", "no_repeat_ngram_size",
+                    "pad_token_id", "vocab_size"},
+    ("eos_token_id", "pad_token_id"), max_inputs=_N_INPUTS, max_outputs=5)
 
 
 def _check_node(op: str, info: NodeInfo) -> None:
     kind = gen.int_attr(info, "model_type", 2)
     if kind != 2:
         raise ValueError(f"{op}: model_type must be 2 (Whisper), got {kind}; BeamSearch serves "
-                         f"model_types 0 and 1")
+                         f"model_types 0, 1 and 2")
     if gen.int_attr(info, "decoder_output_cross_qk", 0):
         raise ValueError(f"{op}: decoder_output_cross_qk (the cross_qk output) is not "
                          f"supported, as onnxruntime's CPU kernel does not support it")
@@ -84,8 +99,10 @@ def _processors(op: str, info: NodeInfo, ins: list, vocab: int, batch: int) -> W
         return WhisperProcessors(common, temperature)
     begin = gen.int_attr(info, "beginning_timestamp_token_id", -1)
     if not 0 < begin < vocab:
+        unset = "" if op == "WhisperBeamSearch" else (
+            f" ({op} has no such attribute: the timestamp processor runs as WhisperBeamSearch)")
         raise ValueError(f"{op}: logits_processor 1 (timestamps) needs 0 < "
-                         f"beginning_timestamp_token_id < vocab_size {vocab}, got {begin}")
+                         f"beginning_timestamp_token_id < vocab_size {vocab}, got {begin}{unset}")
     ids = [gen.int_attr(info, name, -1) for name in (
         "no_timestamps_token_id", "start_of_lm_token_id", "decoder_start_token_id",
         "translate_token_id", "transcribe_token_id")]
@@ -93,21 +110,15 @@ def _processors(op: str, info: NodeInfo, ins: list, vocab: int, batch: int) -> W
                              begin, tuple(ids[:2]), tuple(ids[2:]))
 
 
-@kernel("WhisperBeamSearch", since=1, domain=MS, factory=True, multi_output=True,
-        capture=CaptureSupport.HOST_SYNC)
-def whisper_beam_search(info: NodeInfo) -> Callable[..., tuple]:
-    """Whisper beam search: sequences, the optional sequences_scores, per-step scores and
-    no_speech_probs (zeros)."""
-    op = "WhisperBeamSearch"
-    placeholder = unbuilt(info, search_subgraphs(info))
-    if placeholder is not None:
-        return placeholder
-    _check_node(op, info)
+def whisper_search(op: str, info: NodeInfo) -> Callable[..., tuple]:
+    """The run of a model_type 2 beam search node (WhisperBeamSearch, or BeamSearch with
+    model_type 2), its subgraphs built: the outputs the node asks for."""
     pair = WhisperPair(op, info)
     early = bool(gen.int_attr(info, "early_stopping", 0))
     present = list(info.output_present) + [False] * (5 - len(info.output_present))
 
     def run(*args) -> tuple:
+        # inputs past the node's schema (BeamSearch's 12) read as absent
         ins = list(args[:info.n_inputs]) + [None] * max(0, _N_INPUTS - info.n_inputs)
         captured = args[info.n_inputs:]
         features = np.asarray(ins[0])
@@ -143,3 +154,17 @@ def whisper_beam_search(info: NodeInfo) -> Callable[..., tuple]:
         return tuple(out[:len(info.output_present)])
 
     return run
+
+
+@kernel("WhisperBeamSearch", since=1, domain=MS, factory=True, multi_output=True,
+        capture=CaptureSupport.HOST_SYNC)
+def whisper_beam_search(info: NodeInfo) -> Callable[..., tuple]:
+    """Whisper beam search: sequences, the optional sequences_scores, per-step scores and
+    no_speech_probs (zeros)."""
+    op = "WhisperBeamSearch"
+    placeholder = unbuilt(info, search_subgraphs(info))
+    if placeholder is not None:
+        return placeholder
+    SCHEMA.check(op, info)
+    _check_node(op, info)
+    return whisper_search(op, info)
