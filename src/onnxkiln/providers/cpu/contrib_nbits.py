@@ -32,6 +32,7 @@ use that float32 matrix and BLAS.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -243,34 +244,52 @@ class NbitsMatMul:
                 return None
             g = self.g
             integer = self._int_kernel()
+            # A's quantized blocks and the accumulators are kept per thread for the last row
+            # count: a call allocates only its output (decode steps make 7 of these a token)
+            held = threading.local()
             if integer is not None:
-                (fn, lanes), quant = integer, self.quant_vnni.fn
+                (fn, lanes), quant = integer, _numba.direct(self.quant_vnni.fn)
+                fn = _numba.direct(fn)
                 b, s, z = self.tiled_int(lanes)
                 scratch = np.empty(16, np.int32)  # unused by the kernels
 
+                def buffers(m):
+                    got = getattr(held, "bufs", None)
+                    if got is None or got[0] != m:
+                        got = held.bufs = (m, (np.empty((m, g.n_blocks, g.blob // 4, 8), np.int8),
+                                               np.empty((m, g.n_blocks), _F32),
+                                               np.empty((m, g.n_blocks), _F32)),
+                                           (np.empty((m, lanes), _F32),))
+                    return got
+
                 def prepare(a2):
-                    m = a2.shape[0]
-                    prep = (np.empty((m, g.n_blocks, g.blob // 4, 8), np.int8),
-                            np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32))
+                    prep = buffers(a2.shape[0])[1]
                     quant(np.ascontiguousarray(a2, _F32), g.k, g.block, *prep)
                     return prep
 
                 def compute(prep, m, t0, t1, y):
-                    fn(*prep, b, s, z, m, g.n, t0, t1, scratch, np.empty((m, lanes), _F32), y)
+                    fn(*prep, b, s, z, m, g.n, t0, t1, scratch, *buffers(m)[2], y)
             else:
-                fn, quant = self.fast.fn, self.quant.fn
+                fn, quant = _numba.direct(self.fast.fn), _numba.direct(self.quant.fn)
                 b, s, z = self.tiled()
 
+                def buffers(m):
+                    got = getattr(held, "bufs", None)
+                    if got is None or got[0] != m:
+                        got = held.bufs = (m, (np.empty((m, g.n_blocks, 8 // g.bits, g.blob),
+                                                        _F32),
+                                               np.empty((m, g.n_blocks), _F32),
+                                               np.empty((m, g.n_blocks), _F32)),
+                                           (np.empty((m, TILE), _F32), np.empty((m, TILE), _F32)))
+                    return got
+
                 def prepare(a2):
-                    m = a2.shape[0]
-                    prep = (np.empty((m, g.n_blocks, 8 // g.bits, g.blob), _F32),
-                            np.empty((m, g.n_blocks), _F32), np.empty((m, g.n_blocks), _F32))
+                    prep = buffers(a2.shape[0])[1]
                     quant(np.ascontiguousarray(a2, _F32), g.k, g.block, g.bits, *prep)
                     return prep
 
                 def compute(prep, m, t0, t1, y):
-                    fn(*prep, b, s, z, g.bits, m, g.n, t0, t1, np.empty((m, TILE), _F32),
-                       np.empty((m, TILE), _F32), y)
+                    fn(*prep, b, s, z, g.bits, m, g.n, t0, t1, *buffers(m)[2], y)
             name = {16: "vnni", 8: "avx2"}[integer[1]] if integer is not None else "numba"
             self._fast_kernel = _Fast(prepare, compute, b.shape[0], name)
         return self._fast_kernel
@@ -410,10 +429,15 @@ def matmul_nbits(info: NodeInfo) -> Callable[..., np.ndarray]:
         if m == 0:
             return None
         call, variant, why = engine.product(m)
+        out_shape, f32 = (*sa[:-1], g.n), dtypes[0] == _F32
 
         def special(a, b, scales, zero_points=None, g_idx=None, bias=None):
-            _check(g, a, bias)
-            return _finish(g, call(a.reshape(m, g.k).astype(_F32, copy=False)), a, bias)
+            # the signature's first (generic) run checked these shapes and dtypes
+            y = call(a.reshape(m, g.k) if f32 else a.reshape(m, g.k).astype(_F32))
+            y = y.reshape(out_shape)
+            if bias is not None:
+                y += bias.reshape(g.n).astype(_F32, copy=False)
+            return y if f32 else y.astype(a.dtype)
 
         special.variant, special.variant_reason = variant, why
         return special
