@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import onnxkiln as ok
 from onnxkiln.providers.cpu import _gqa_decode, _numba
@@ -245,3 +245,31 @@ def test_position_ids_pick_the_rotary_rows(monkeypatch, taken):
     with pytest.raises(ok.SessionError, match="cos_cache"):
         s.run({**feeds, "position_ids": np.asarray([[3], [ROWS]], np.int64)})
     assert taken == [False]
+
+
+def test_a_call_with_another_operand_layout_is_checked_again(monkeypatch, taken):
+    """The node keeps the last call's checked layout: calls with fed rotary tables (new
+    arrays each time) give numpy's result, a table too wide for the heads or a query that is
+    not contiguous is declined to the numpy path after a call that was taken."""
+    model = _model(8, 2, rotary=True)
+    tables = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    del model.graph.initializer[:]
+    model.graph.input.extend(tensor_info(k, F32, ["r", "w"]) for k in ("cos", "sin"))
+    plain = _numpy_session(model, monkeypatch)
+    fast = ok.InferenceSession.builder().providers(["cpu"]).from_graph(model)
+    seqlens = [9, 4]
+    for seed in (1, 2):
+        feeds = {**_feeds(np.random.default_rng(seed), 8, 2, False, 9, seqlens),
+                 **{k: v.copy() for k, v in tables.items()}}
+        _check(fast.run(feeds), plain.run(feeds), plain.run(feeds), seqlens)
+    assert taken == [True, True]
+    wide = {k: np.concatenate([v, v], axis=1) for k, v in tables.items()}  # 2 * width > H
+    feeds = {**feeds, **wide}
+    with pytest.raises(ok.SessionError):
+        plain.run(feeds)
+    with pytest.raises(ok.SessionError):
+        fast.run(feeds)
+    assert taken[-1] is False
+    feeds = {**feeds, **tables, "q": np.asfortranarray(feeds["q"])}
+    np.testing.assert_allclose(fast.run(feeds)[0], plain.run(feeds)[0], rtol=1e-6, atol=1e-6)
+    assert taken[-1] is False

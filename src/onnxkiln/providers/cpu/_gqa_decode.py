@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxkiln.kv_attention import note_written
 from onnxkiln.providers.cpu import _numba
 
 __all__ = ["decode"]
@@ -96,50 +97,107 @@ def _presents(into, past_key, past_value, b: int, nk: int, cap: int, h: int, hv:
         return (past_key, past_value, np.empty((b, nk, cap, h), _F32),
                 np.empty((b, nk, cap, hv), _F32), 1)
     pk, pv = into[0].tensor, into[1].tensor
-    if not all(isinstance(x, np.ndarray) and _f32_c(x) and x.shape[:2] == (b, nk)
-               and x.shape[2] >= cap for x in (pk, pv)) or pk.shape[3] != h or pv.shape[3] != hv:
+    if (type(pk) is not np.ndarray or type(pv) is not np.ndarray or not _f32_c(pk)
+            or not _f32_c(pv) or not (pk.flags.writeable and pv.flags.writeable)
+            or pk.shape[:2] != (b, nk) or pv.shape[:2] != (b, nk)
+            or pk.shape[2] < cap or pv.shape[2] < cap or pk.shape[3] != h or pv.shape[3] != hv):
         return None  # the numpy path writes them (or raises the capacity error)
     return pk, pv, pk, pv, 0
 
 
 def decode(fn: Any, n: int, nk: int, rotary: bool, interleaved: bool, scale: float | None,
            softcap: float, window: int, query, key, value, past_key, past_value, seqlens_k, total,
-           cos_cache, sin_cache, position_ids, into: Sequence[Any] | None):
+           cos_cache, sin_cache, position_ids, into: Sequence[Any] | None,
+           memo: list | None = None):
     """(out (B, 1, N*Hv), present_key, present_value) by `fn` (the compiled gqa_decode) for
     a float32 one-token step over a float past, or None when this call is outside what the
-    kernel covers. `into`: the bindings of an in-place step (written at seqlens_k)."""
+    kernel covers. `into`: the bindings of an in-place step (written at seqlens_k).
+
+    `memo`: a one-entry list the node keeps; a call with the same shapes (but the past's
+    length) and the same bound buffers and rotary tables (the same objects) as the last one
+    skips checking them again (a decode loop makes the same call every step)."""
     if query.ndim != 3 or query.shape[1] != 1 or query.shape[0] == 0 or not _f32_c(query) \
             or past_key is None or past_value is None or seqlens_k is None or total is None \
             or total.size != 1:
         return None
+    tot = int(total.reshape(-1)[0])
+    past_len = past_key.shape[2]
+    cap = max(past_len, tot)
+    pk_shape, pv_shape = past_key.shape, past_value.shape
+    # the layout of this call's fresh arrays (a step's query, key, value, past views) and the
+    # objects it reuses every step (the bound buffers, the rotary tables), held by the memo
+    shapes = (query.shape, None if key is None else key.shape,
+              None if value is None else value.shape, pk_shape[:2], pk_shape[3:],
+              pv_shape[:2], pv_shape[3:], past_key.dtype, past_value.dtype, seqlens_k.shape,
+              None if position_ids is None else position_ids.shape)
+    held = (None, None) if into is None else (into[0], into[1])
+    hit = memo[0] if memo is not None else None
+    if (hit is not None and hit[0] == shapes and hit[1] is held[0] and hit[2] is held[1]
+            and hit[3] is cos_cache and hit[4] is sin_cache
+            and (key is None or _f32_c(key)) and (value is None or _f32_c(value))):
+        layout = hit[5]
+    else:
+        layout = _layout(n, nk, rotary, interleaved, scale, softcap, window, query, key, value,
+                         past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                         into)
+        if layout is None:
+            return None
+        if memo is not None:
+            memo[0] = (shapes, *held, cos_cache, sin_cache, layout)
+    b, h, hv, reals, dims, cos, sin = layout
+    if into is None:
+        if not (past_key.flags.c_contiguous and past_value.flags.c_contiguous):
+            return None
+        bufs = (past_key, past_value, np.empty((b, nk, cap, h), _F32),
+                np.empty((b, nk, cap, hv), _F32))
+    else:
+        pk, pv = into[0].tensor, into[1].tensor  # checked with the layout; still the same
+        if pk.shape[2] < cap or pv.shape[2] < cap:
+            return None  # the numpy path raises the capacity error
+        bufs = (pk, pv, pk, pv)
+    seqlens = seqlens_k.astype(_I64)
+    rows = seqlens
+    if rotary and position_ids is not None:
+        rows = np.ascontiguousarray(position_ids, _I64).reshape(b)
+        if tot == 1:  # a one-token first prompt: onnxruntime reads only the first element
+            rows = np.full(b, rows[0], _I64)
+    qa = query.reshape(b, -1)
+    ka = qa if key is None else key.reshape(b, -1)
+    va = qa if value is None else value.reshape(b, -1)
+    out = np.empty((b, n * hv), _F32)
+    if fn(qa, ka, va, *bufs, seqlens, rows, cos, sin, (*dims, tot), reals, out):
+        return None  # a position outside [0, total) or the rotary tables: nothing written
+    if into is None:
+        return out.reshape(b, 1, n * hv), bufs[2], bufs[3]
+    note_written(into[0], b * nk * h * 4)
+    note_written(into[1], b * nk * hv * 4)
+    return out.reshape(b, 1, n * hv), bufs[2][:, :, :cap], bufs[3][:, :, :cap]
+
+
+def _layout(n: int, nk: int, rotary: bool, interleaved: bool, scale: float | None,
+            softcap: float, window: int, query, key, value, past_key, past_value, seqlens_k,
+            cos_cache, sin_cache, position_ids, into):
+    """What a call's operand layout fixes: (batch, head size, value head size, the kernel's
+    real and integer parameters but the total length, cos, sin), or None when the kernel
+    does not take it."""
     got = _qkv(query, key, value, n, nk)
     if got is None:
         return None
-    qa, ka, va, offs, h, hv = got
+    qa, _, _, offs, h, hv = got
     b, past_len = qa.shape[0], past_key.shape[2]
     if past_key.dtype != _F32 or past_value.dtype != _F32 or seqlens_k.shape != (b,) \
             or past_key.shape != (b, nk, past_len, h) or past_value.shape != (b, nk, past_len, hv):
         return None
-    tot = int(total.reshape(-1)[0])
-    seqlens = seqlens_k.astype(_I64)
-    cap = max(past_len, tot)
-    tables = (_NO_TABLE, _NO_TABLE, seqlens)
+    cos, sin = _NO_TABLE, _NO_TABLE
     if rotary:
-        tables = _tables(cos_cache, sin_cache, position_ids, seqlens, b, h, tot)
-    bufs = None if tables is None else _presents(into, past_key, past_value, b, nk, cap, h, hv)
-    if bufs is None:
+        tables = _tables(cos_cache, sin_cache, position_ids, np.zeros(b, _I64), b, h, 2)
+        if tables is None:
+            return None
+        cos, sin = tables[0], tables[1]
+    if into is not None and _presents(into, past_key, past_value, b, nk, 0, h, hv) is None:
         return None
-    out = np.empty((b, n * hv), _F32)
     scale = scale if scale else 1.0 / math.sqrt(h)
     reals = (np.float32(scale), np.float32(1.0 / softcap if softcap > 0 else 0.0),
              np.float32(softcap))
-    dims = (n, nk, h, hv, *offs, bufs[4], int(rotary), int(interleaved), window, tot)
-    if fn(qa, ka, va, *bufs[:4], seqlens, tables[2], tables[0], tables[1], dims, reals, out):
-        return None  # a position outside [0, total) or the rotary tables: nothing written
-    if into is None:
-        return out.reshape(b, 1, n * hv), bufs[2], bufs[3]
-    from onnxkiln.kv_attention import note_written
-
-    note_written(into[0], b * nk * h * 4)
-    note_written(into[1], b * nk * hv * 4)
-    return out.reshape(b, 1, n * hv), bufs[2][:, :, :cap], bufs[3][:, :, :cap]
+    dims = (n, nk, h, hv, *offs, int(into is None), int(rotary), int(interleaved), window)
+    return b, h, hv, reals, dims, cos, sin

@@ -291,6 +291,8 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
     # one compiled pass for float32 one-token steps (_gqa_decode); None keeps the numpy path
     plain = not sliding and codec_k.kind == codec_v.kind == "NONE" and not smooth
     fast = _numba.lazy("gqa_decode", np.float32) if plain and not want_qk else None
+    layout: list = [None]  # the last decode call's checked operand layout (_gqa_decode)
+    entry: list = [None]
 
     def run(
         query,
@@ -318,10 +320,12 @@ def group_query_attention(info: NodeInfo) -> Callable[..., tuple]:
         if fast is not None and _block is None and not _keep_past and attention_bias is None \
                 and head_sink is None and q_norm_weight is None and k_norm_weight is None \
                 and query_seqlens is None and fast.ready():
+            if entry[0] is None:  # the compiled step's entry point, found once
+                entry[0] = _numba.direct(fast.fn)
             got = _gqa_decode.decode(
-                fast.fn, n, nk, do_rotary, interleaved, scale_attr, softcap, window, query, key,
+                entry[0], n, nk, do_rotary, interleaved, scale_attr, softcap, window, query, key,
                 value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-                sin_cache, position_ids, _into if past_key is not None else None,
+                sin_cache, position_ids, _into if past_key is not None else None, layout,
             )
             if got is not None:
                 return got[0], got[1] if want_pk else None, got[2] if want_pv else None, None
