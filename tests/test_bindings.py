@@ -186,3 +186,21 @@ def test_the_decode_loop_example_matches_plain_runs(gpt):
     bound = example.greedy_with_bindings(s, CFG, prompt, steps=6, capacity=9)
     assert bound == example.greedy_plain(s, CFG, prompt, steps=6)
     assert len(bound) == 6
+
+
+@pytest.mark.parametrize("where", ["cpu", "torch_cpu"])
+def test_write_at_a_start_per_axis_fills_that_block_only(where):
+    s = _session(_add_model(), where)
+    a = s.allocate_device_binding("a", None, ok.DataType.FLOAT, (4, 5), (4, 5))
+    a.write(np.zeros((4, 5), np.float32))
+    a.write(np.full((2, 2), 7, np.float32), (1, 3))
+    a.write(np.full((1, 1), 9, np.float32), (3, 0))
+    expected = np.zeros((4, 5), np.float32)
+    expected[1:3, 3:5] = 7
+    expected[3, 0] = 9
+    np.testing.assert_array_equal(a.read(), expected)
+    assert a.transfer_stats().writes == 3
+    for offset in ((3, 4), (0, -1), (0, 0, 0)):  # past the capacity, negative, wrong rank
+        with pytest.raises(ok.DeviceBindingError):
+            a.write(np.ones((2, 2), np.float32), offset)
+    np.testing.assert_array_equal(a.read(), expected)  # a refused write changes nothing

@@ -429,3 +429,33 @@ def test_generate_is_a_top_level_function_and_a_session_method():
     assert ok.generate(session, [5, 6, 7], max_new_tokens=6, eos_token_id=None).tokens == direct
     assert session.generate([5, 6, 7], max_new_tokens=6, eos_token_id=None).tokens == direct
     assert type(session.generate([5], max_new_tokens=1)) is ok.GenerateResult
+
+
+@pytest.mark.parametrize("right", [False, True], ids=["left_rows", "right_rows"])
+@pytest.mark.parametrize("additive", [False, True], ids=["ones", "additive"])
+def test_a_mask_binding_updated_column_by_column_equals_the_whole_mask(right, additive):
+    """After the prompt a bound mask gets only each step's new columns; it must always hold
+    what the timeline's whole mask says, through a width change (a fixed full-width mask)."""
+    from onnxkiln.bindings import DeviceIoBinding
+    from onnxkiln.dtypes import DataType, from_numpy
+    from onnxkiln.generation_runners import Timeline
+    from onnxkiln.providers.cpu.provider import CpuProvider
+
+    dtype = np.float32 if additive else np.int64
+    layout = DecoderLayout("ids", "logits", ("p",), ("q",), (0, 1, 0, 4), 0, 2,
+                           attention_mask="mask", mask_dtype=dtype, shared_buffer=right)
+    rows, capacity = [[5, 6, 7], [8]], 12
+    timeline = Timeline(layout, rows, 0, capacity)
+    mask = DeviceIoBinding(None, CpuProvider(), "mask", None, from_numpy(np.dtype(dtype)),
+                           (2, capacity), (2, 0))
+    mask.write(np.full((2, capacity), 7, dtype))  # stale contents a fresh buffer may hold
+    timeline.advance(timeline.width, True, mask=False)
+    timeline.write_mask(mask, timeline.width, True)
+    for step in range(6):
+        if step == 3:  # as a capture does: the whole buffer from now on
+            timeline.mask_width = capacity
+            mask.set_logical_shape(mask.physical_shape)
+        timeline.advance(1, False, mask=False)
+        timeline.write_mask(mask, 1, False)
+        np.testing.assert_array_equal(mask.read(), timeline.mask())
+    assert DataType(mask.dtype) == from_numpy(np.dtype(dtype))

@@ -98,15 +98,23 @@ class DeviceIoBinding:
         """Copy `array` into the buffer starting at `offset` (an int: along axis 0; or one
         start per axis). The logical shape is left as it is."""
         self._check_live()
-        if (type(array) is np.ndarray and type(self.tensor) is np.ndarray and offset == 0
-                and type(offset) is int and array.dtype == self.tensor.dtype
-                and array.ndim == self.tensor.ndim
-                and all(n <= p for n, p in zip(array.shape, self.physical_shape))):
-            # the common case: a host buffer refilled from its start, whole or in part
-            self.tensor[tuple(map(slice, array.shape))] = array
-            self._writes += 1
-            self._h2d += array.nbytes
-            return
+        if (type(array) is np.ndarray and type(self.tensor) is np.ndarray
+                and array.dtype == self.tensor.dtype and array.ndim == self.tensor.ndim):
+            # the common case, a host buffer written from host data: a refill from its start
+            # (offset 0), or a block at one start per axis (a mask's new columns)
+            if type(offset) is int and offset == 0:
+                if all(n <= p for n, p in zip(array.shape, self.physical_shape)):
+                    self.tensor[tuple(map(slice, array.shape))] = array
+                    self._writes += 1
+                    self._h2d += array.nbytes
+                    return
+            elif type(offset) is tuple and len(offset) == array.ndim and all(
+                    type(o) is int and o >= 0 and o + n <= p
+                    for o, n, p in zip(offset, array.shape, self.physical_shape)):
+                self.tensor[tuple(slice(o, o + n) for o, n in zip(offset, array.shape))] = array
+                self._writes += 1
+                self._h2d += array.nbytes
+                return
         value = np.asarray(array) if not hasattr(array, "__dlpack__") else array
         if len(value.shape) != len(self.physical_shape):
             raise DeviceBindingError(
@@ -174,6 +182,9 @@ class DeviceIoBinding:
                                      "was released")
 
     def _checked(self, shape: Sequence[int]) -> tuple[int, ...]:
+        if type(shape) is tuple and len(shape) == len(self.physical_shape) and all(
+                type(n) is int and 0 <= n <= p for n, p in zip(shape, self.physical_shape)):
+            return shape  # the common case (an array's .shape that fits): nothing to convert
         logical = _shape(shape, "logical_shape")
         if len(logical) != len(self.physical_shape) or any(
                 n > p for n, p in zip(logical, self.physical_shape)):

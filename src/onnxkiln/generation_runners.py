@@ -42,6 +42,7 @@ class Timeline:
         self.lengths = np.zeros(len(rows), np.int64)  # right rows: tokens in the cache
         self.used = 0  # positions of the shared timeline written so far
         self.mask_width = layout.static_length  # None: as wide as the used part
+        self._mask_written: tuple[Any, int] | None = None
 
     def prompt(self) -> np.ndarray:
         """The padded prompt [batch, width]: pads on the left (left rows) or right."""
@@ -51,15 +52,16 @@ class Timeline:
             ids[b, start:start + n] = self.rows[b]
         return ids
 
-    def advance(self, new: int, prompt: bool) -> dict[str, np.ndarray]:
-        """Record `new` positions per row and return the mask/position inputs for them."""
+    def advance(self, new: int, prompt: bool, mask: bool = True) -> dict[str, np.ndarray]:
+        """Record `new` positions per row and return the mask/position inputs for them
+        (`mask=False`: not the mask, which a binding keeps; see write_mask)."""
         lay = self.layout
         start = self.used
         self.used += new
         if self.right:
             self.lengths = self.prompt_lengths.copy() if prompt else self.lengths + new
         feeds: dict[str, np.ndarray] = {}
-        if lay.attention_mask:
+        if lay.attention_mask and mask:
             feeds[lay.attention_mask] = self.mask()
         if lay.position_ids:
             if self.right:
@@ -85,6 +87,34 @@ class Timeline:
         if dtype.kind == "f":
             return np.where(keep, 0, np.finfo(dtype).min).astype(dtype)
         return keep.astype(dtype)
+
+    def write_mask(self, binding: Any, new: int, prompt: bool) -> None:
+        """Bring a mask binding up to date after `advance(new, prompt, mask=False)`: the
+        whole mask for a prompt or a change of width; after that only the `new` columns of
+        each row, which the step made visible (the rest of the mask stays as it was)."""
+        width = self.mask_width or self.used
+        rows = len(self.prompt_lengths)
+        last = self._mask_written  # (binding, width) this timeline left it at, if any
+        if (prompt or last is None or last[0] is not binding
+                or binding.logical_shape != (rows, last[1]) or width - last[1] not in (0, new)):
+            _put(binding, self.mask())
+            self._mask_written = (binding, width)
+            return
+        dtype = np.dtype(self.layout.mask_dtype)
+        additive = dtype.kind == "f"
+        visible = np.zeros((1, new), dtype) if additive else np.ones((1, new), dtype)
+        grown = last[1] != width
+        if grown:
+            binding.set_logical_shape((rows, width))
+        self._mask_written = (binding, width)
+        if not self.right:  # every row's cache ends at the shared timeline's end
+            binding.write(np.repeat(visible, rows, axis=0), (0, self.used - new))
+            return
+        if grown:  # the new columns, hidden where a shorter row does not reach them
+            hidden = np.full((rows, new), np.finfo(dtype).min if additive else 0, dtype)
+            binding.write(hidden, (0, width - new))
+        for r, end in enumerate(self.lengths):
+            binding.write(visible, (r, int(end) - new))
 
     def last(self, logits: np.ndarray, prompt: bool) -> np.ndarray:
         """Each row's next-token logits [batch, vocab] from a run's logits."""
@@ -145,11 +175,18 @@ class BoundRunner:
         self.memo_start = session.decode_memo_counts()
 
     def run(self, ids: np.ndarray, prompt: bool) -> np.ndarray:
-        feeds = {self.layout.input_ids: ids, **self.timeline.advance(ids.shape[1], prompt)}
-        if self.mask is not None:
-            _put(self.mask, feeds.pop(self.layout.attention_mask))
+        feeds = self._feeds(ids, prompt)
         out = self.session.run_with_device_bindings(feeds, self.bindings)
         return self.timeline.last(out[self.logits_index], prompt)
+
+    def _feeds(self, ids: np.ndarray, prompt: bool) -> dict[str, np.ndarray]:
+        """The step's unbound inputs, the mask binding brought up to date."""
+        new = ids.shape[1]
+        feeds = {self.layout.input_ids: ids,
+                 **self.timeline.advance(new, prompt, mask=self.mask is None)}
+        if self.mask is not None:
+            self.timeline.write_mask(self.mask, new, prompt)
+        return feeds
 
     def counters(self) -> dict[str, Any]:
         now = self.session.decode_memo_counts()
@@ -202,9 +239,7 @@ class CapturedRunner(BoundRunner):
     def _eager_logits(self, ids: np.ndarray, prompt: bool) -> np.ndarray:
         """The first step, eagerly through the KV bindings (it also warms the plan)."""
         self._fix_cache()
-        feeds = {self.layout.input_ids: ids, **self.timeline.advance(ids.shape[1], prompt)}
-        if self.mask is not None:
-            _put(self.mask, feeds.pop(self.layout.attention_mask))
+        feeds = self._feeds(ids, prompt)
         out = self.session.run_with_device_bindings(feeds, self.bindings)
         self._pending = feeds
         return out[self.logits_index]
@@ -233,9 +268,7 @@ class CapturedRunner(BoundRunner):
         self.logits_binding.write(logits)
 
     def _write(self, ids: np.ndarray) -> None:
-        feeds = {self.layout.input_ids: ids, **self.timeline.advance(1, False)}
-        if self.mask is not None:
-            _put(self.mask, feeds.pop(self.layout.attention_mask))
+        feeds = self._feeds(ids, False)
         for name, value in feeds.items():
             self.step_bindings[name].write(value)
 
