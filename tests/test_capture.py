@@ -311,6 +311,9 @@ def test_replay_refuses_other_bindings_and_released_ones():
         s.replay_device_graph([other, yb])
     with pytest.raises(ok.CaptureError, match="the same objects"):
         s.replay_device_graph([xb])
+    assert s.replay_device_graph([xb, yb]) and s.replay_device_graph([xb, yb])  # checked once
+    with pytest.raises(ok.CaptureError, match="the same objects"):
+        s.replay_device_graph([yb, other])
     xb.release()
     with pytest.raises(ok.CaptureError, match="released"):
         s.replay_device_graph([xb, yb])
