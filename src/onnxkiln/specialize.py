@@ -16,7 +16,8 @@ the specialisation built from it is a plan of its own in which
   data: NonZero, a Reshape to a computed shape, control flow) keeps a guard: its recorded
   shapes are checked first and the generic kernel runs when they differ.
 
-`warmup()` builds them at once. Kernels keep no shape-keyed caches of their own.
+`warmup()` builds them at once. Kernels keep no shape-keyed caches of their own (at most
+the last call's shape arithmetic, which a decode loop meets again every step).
 """
 
 from __future__ import annotations

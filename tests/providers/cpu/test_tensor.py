@@ -493,3 +493,41 @@ def test_constant_sparse_value_is_made_dense_as_onnxruntime_does(indices, shape)
 def test_reshape_zero_past_input_rank_is_error():
     with pytest.raises(Exception, match="has a 0 beyond the input's 2 dims"):
         ours("Reshape", {"x": arr((2, 3)), "s": np.array([6, 1, 0], np.int64)}, opset=14)
+
+
+def _kernel(op: str, opset: int, n_inputs: int, consts: dict | None = None, **attrs):
+    """The CPU kernel of a one-node model, built as a plan builds it (constants as given)."""
+    from onnx import TensorProto, helper
+
+    from onnxkiln import loader
+    from onnxkiln.plan import _node_info
+    from onnxkiln.providers.cpu import REGISTRY
+
+    names = [f"i{k}" for k in range(n_inputs)]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = loader.from_graph(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)]))
+    (node,) = list(model.graph)
+    info = _node_info(node, "", opset, list(range(n_inputs)), [100], consts or {}, {})
+    return REGISTRY.resolve("", op, opset).build(info)
+
+
+def test_reshape_and_unsqueeze_follow_each_call_after_the_last_calls_shape():
+    """The kernels keep the last call's output shape: another input shape, another shape
+    value of the same size, or a call that fails must not reuse it."""
+    reshape = _kernel("Reshape", 17, 2)
+    x = np.arange(12, dtype=np.float32)
+    assert reshape(x.reshape(2, 6), np.array([3, -1])).shape == (3, 4)
+    assert reshape(x.reshape(2, 6), np.array([4, -1])).shape == (4, 3)
+    assert reshape(np.arange(24, dtype=np.float32), np.array([4, -1])).shape == (4, 6)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        reshape(np.arange(10, dtype=np.float32), np.array([4, -1]))
+    np.testing.assert_array_equal(reshape(x.reshape(2, 6), np.array([4, -1])),
+                                  x.reshape(4, 3))
+    unsqueeze = _kernel("Unsqueeze", 17, 2, {1: np.array([0, -1])})
+    assert unsqueeze(x, None).shape == (1, 12, 1)
+    assert unsqueeze(x.reshape(3, 4), None).shape == (1, 3, 4, 1)
+    assert unsqueeze(np.float32(2.0).reshape(()), None).shape == (1, 1)

@@ -32,11 +32,17 @@ def reshaper(target: Shape) -> Callable[..., np.ndarray]:
 
 
 def _view(compute: Callable[[Shape], Shape]) -> Callable[..., np.ndarray]:
-    """A view kernel whose output shape follows from its input's: worked out per call, or
-    once per input signature (specialize)."""
+    """A view kernel whose output shape follows from its input's: worked out per call (the
+    last call's kept: a decode step meets the same shape again and again), or once per input
+    signature (specialize)."""
+    last: list = [None]  # (input shape, output shape) of the last call
 
     def run(x: np.ndarray, *_: object) -> np.ndarray:
-        return x.reshape(compute(x.shape))
+        shape = x.shape
+        seen = last[0]
+        if seen is None or seen[0] != shape:
+            seen = last[0] = (shape, compute(shape))
+        return x.reshape(seen[1])
 
     def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
         return None if shapes[0] is None else reshaper(compute(shapes[0]))
@@ -49,8 +55,16 @@ def _view_by_input(compute: Callable[[Shape, np.ndarray], Shape]) -> Callable[..
     """A view kernel whose output shape follows from its input's and the value of its second
     input (Reshape's shape, Squeeze's axes): specialised when that value is fixed."""
 
+    last: list = [None]  # (input shape, the value's bytes, output shape) of the last call
+
     def run(x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
-        return x.reshape(compute(x.shape, value))
+        shape = x.shape
+        key = None if type(value) is not np.ndarray else (value.dtype, value.shape,
+                                                          value.tobytes())
+        seen = last[0]
+        if seen is None or key is None or seen[0] != shape or seen[1] != key:
+            seen = last[0] = (shape, key, compute(shape, value))
+        return x.reshape(seen[2])
 
     def specialize(dtypes, shapes, consts) -> Callable[..., np.ndarray] | None:
         if shapes[0] is None or len(consts) < 2 or consts[1] is None:
