@@ -73,17 +73,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _warm_imports(threads: int) -> None:
-    """Build and run a one-Add model on every engine so lazy imports land in the baseline."""
+    """Build and run a tiny Add -> Softmax model on every engine so lazy imports (numba's,
+    which onnxkiln loads for its first compiled kernel) land in the baseline."""
     import numpy as np
     from onnx import TensorProto, helper
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "warm", [x], [y])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "warm", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     data = model.SerializeToString()
     for engine in ENGINES:
-        _make(engine, data, threads)({"x": np.ones(1, np.float32)})
+        _make(engine, data, threads)({"x": np.ones((1, 4), np.float32)})
 
 
 def _make(engine: str, path: str | bytes, threads: int):
