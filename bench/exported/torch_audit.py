@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -137,11 +138,13 @@ def feeds(entry: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def torch_session(path: Path | str) -> Any:
-    """A session placed as on a GPU (`device="cuda"`), on torch's CPU device."""
+    """A session placed as on a GPU (`device="cuda"`): on torch's CPU device, or on the GPU
+    itself when ONNXKILN_TORCH_TEST_DEVICE=cuda (scripts/gpu_check.sh)."""
     import onnxkiln as ok
 
+    on_gpu = os.environ.get("ONNXKILN_TORCH_TEST_DEVICE", "cpu") == "cuda"
     return ok.InferenceSession(str(path), device="cuda",
-                               options={"testing.cuda_on_torch_cpu": "1"})
+                               options={} if on_gpu else {"testing.cuda_on_torch_cpu": "1"})
 
 
 def declines(session: Any) -> list[Any]:
