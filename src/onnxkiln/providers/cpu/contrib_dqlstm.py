@@ -109,7 +109,7 @@ def dynamic_quantize_lstm(info: NodeInfo) -> Callable[..., tuple]:
     """LSTM with quantized W and R (W_scale, W_zero_point, R_scale, R_zero_point last)."""
     if "layout" in info.attrs and int(info.attrs["layout"] or 0):
         raise ValueError("DynamicQuantizeLSTM has no layout attribute (batch first)")
-    reverse, _, hidden_size, clip, acts, want_y, _ = rnn._common(
+    reverse, _, hidden_size, clip, acts, want_y, _ = rnn.parse_attributes(
         info, 3, ["Sigmoid", "Tanh", "Tanh"])
     input_forget = bool(int(info.attrs.get("input_forget") or 0))
     consts = tuple(info.const_inputs) + (None,) * (info.n_inputs - len(info.const_inputs))
@@ -130,7 +130,7 @@ def dynamic_quantize_lstm(info: NodeInfo) -> Callable[..., tuple]:
         rs = fixed.get(_R) or _weights(r, r_scale, r_zero_point, "R")
         n = rs[0].q.shape[0]
         shaped_r = np.empty((len(reverse), 4 * n, n), _F32)  # for the setup's shape checks
-        s = rnn._Setup(x, shaped_r, sequence_lens, [initial_h, initial_c], 0, 4, hidden_size,
+        s = rnn.RnnSetup(x, shaped_r, sequence_lens, [initial_h, initial_c], 0, 4, hidden_size,
                        len(reverse))
         if len(ws) != len(reverse) or ws[0].q.shape != (x.shape[2], 4 * n):
             raise ValueError(f"DynamicQuantizeLSTM: W must be [{len(reverse)}, {x.shape[2]}, "
@@ -145,9 +145,9 @@ def dynamic_quantize_lstm(info: NodeInfo) -> Callable[..., tuple]:
             xw[:steps] = ws[d].product(rows).reshape(steps, s.batch, -1)
             if rev:
                 xw = s._reverse(xw)
-            wb, rb = rnn._split_bias(b, d, 4, n, _F32)
-            h0 = rnn._zeros(s) if s.initial[0] is None else s.initial[0][d]
-            c0 = rnn._zeros(s) if s.initial[1] is None else s.initial[1][d]
+            wb, rb = rnn.split_bias(b, d, 4, n, _F32)
+            h0 = rnn.zero_state(s) if s.initial[0] is None else s.initial[0][d]
+            c0 = rnn.zero_state(s) if s.initial[1] is None else s.initial[1][d]
             pd = None if p is None else p[d].astype(_F32, copy=False)
             y, (h, c) = _gates(s, xw[:steps], rs[d], pd, None if wb is None else wb + rb,
                                h0, c0, acts[d], clip, want_y, input_forget)

@@ -157,7 +157,7 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
 
 
-class _Setup:
+class RnnSetup:
     """Run-time facts shared by the three cells: shapes, layout, masks, reversal indices."""
 
     def __init__(self, x, r, sequence_lens, initial, layout: int, gates: int,
@@ -266,7 +266,8 @@ def _clipper(clip) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: np.clip(x, -c, c, out=x)
 
 
-def _split_bias(b, d, gates, hidden, dtype):
+def split_bias(b, d, gates, hidden, dtype):
+    """Direction d's (Wb, Rb) halves of B [D, 2 * gates * hidden], or (None, None)."""
     if b is None:
         return None, None
     if b.shape[-1] != 2 * gates * hidden:
@@ -275,7 +276,8 @@ def _split_bias(b, d, gates, hidden, dtype):
     return bd[: gates * hidden], bd[gates * hidden:]
 
 
-def _zeros(setup: _Setup):
+def zero_state(setup: RnnSetup):
+    """A zero hidden (or cell) state [batch, hidden] for the setup's dtype."""
     return np.zeros((setup.batch, setup.hidden), setup.dtype)
 
 
@@ -383,7 +385,7 @@ def _run_lstm(setup, xw, rt, p, h, c, acts, clip, want_y, input_forget):
 # ----------------------------------------------------------------------------- kernels
 
 
-def _common(info: NodeInfo, n_acts: int, defaults: Sequence[str]):
+def parse_attributes(info: NodeInfo, n_acts: int, defaults: Sequence[str]):
     """Attributes parsed once: (directions, layout, hidden_size, clip function, numpy
     activations per direction, whether Y is wanted, the compiled path's Spec)."""
     attrs = info.attrs
@@ -436,16 +438,16 @@ def _dispatch(info: NodeInfo, spec, slow: Callable[..., tuple]) -> Callable[...,
 @kernel("RNN", since=1, factory=True, multi_output=True, variant="rnn.numpy")
 def rnn(info: NodeInfo):
     """Simple RNN: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
-    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(info, 1, ["Tanh"])
+    reverse, layout, hidden_size, clip, acts, want_y, spec = parse_attributes(info, 1, ["Tanh"])
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None):
-        s = _Setup(x, r, sequence_lens, [initial_h], layout, 1, hidden_size, len(reverse))
+        s = RnnSetup(x, r, sequence_lens, [initial_h], layout, 1, hidden_size, len(reverse))
         ys, hs = [], []
         for d, rev in enumerate(reverse):
-            wb, rb = _split_bias(b, d, 1, s.hidden, s.dtype)
+            wb, rb = split_bias(b, d, 1, s.hidden, s.dtype)
             bias = None if wb is None else wb + rb
             xw = s.project(rev, w[d], bias)
-            h0 = _zeros(s) if s.initial[0] is None else s.initial[0][d]
+            h0 = zero_state(s) if s.initial[0] is None else s.initial[0][d]
             rt = r[d].T.astype(s.dtype)
             y, (h,) = _run_rnn(s, xw, rt, h0, acts[d], clip, want_y)
             ys.append(y)
@@ -458,17 +460,17 @@ def rnn(info: NodeInfo):
 @kernel("GRU", since=1, factory=True, multi_output=True, variant="gru.numpy")
 def gru(info: NodeInfo):
     """GRU with update/reset gates (gate order z, r, h), linear_before_reset 0 or 1."""
-    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(
+    reverse, layout, hidden_size, clip, acts, want_y, spec = parse_attributes(
         info, 2, ["Sigmoid", "Tanh"]
     )
     lbr = int(info.attrs.get("linear_before_reset") or 0)
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None):
-        s = _Setup(x, r, sequence_lens, [initial_h], layout, 3, hidden_size, len(reverse))
+        s = RnnSetup(x, r, sequence_lens, [initial_h], layout, 3, hidden_size, len(reverse))
         n = s.hidden
         ys, hs = [], []
         for d, rev in enumerate(reverse):
-            wb, rb = _split_bias(b, d, 3, n, s.dtype)
+            wb, rb = split_bias(b, d, 3, n, s.dtype)
             rbh = None
             if wb is not None:
                 bias = wb.copy()
@@ -480,7 +482,7 @@ def gru(info: NodeInfo):
             else:
                 bias = None
             xw = s.project(rev, w[d], bias)
-            h0 = _zeros(s) if s.initial[0] is None else s.initial[0][d]
+            h0 = zero_state(s) if s.initial[0] is None else s.initial[0][d]
             rd = r[d].astype(s.dtype, copy=False)
             y, (h,) = _run_gru(s, xw, rd, rbh, h0, acts[d], clip, want_y, lbr)
             ys.append(y)
@@ -493,24 +495,24 @@ def gru(info: NodeInfo):
 @kernel("LSTM", since=1, factory=True, multi_output=True, variant="lstm.numpy")
 def lstm(info: NodeInfo):
     """LSTM (gate order i, o, f, c) with optional peepholes and coupled input/forget gates."""
-    reverse, layout, hidden_size, clip, acts, want_y, spec = _common(
+    reverse, layout, hidden_size, clip, acts, want_y, spec = parse_attributes(
         info, 3, ["Sigmoid", "Tanh", "Tanh"]
     )
     input_forget = int(info.attrs.get("input_forget") or 0)
 
     def run(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
-        s = _Setup(x, r, sequence_lens, [initial_h, initial_c], layout, 4, hidden_size,
+        s = RnnSetup(x, r, sequence_lens, [initial_h, initial_c], layout, 4, hidden_size,
                    len(reverse))
         n = s.hidden
         if p is not None and p.shape != (len(reverse), 3 * n):
             raise ValueError(f"P must have shape {(len(reverse), 3 * n)}, got {p.shape}")
         ys, hs, cs = [], [], []
         for d, rev in enumerate(reverse):
-            wb, rb = _split_bias(b, d, 4, n, s.dtype)
+            wb, rb = split_bias(b, d, 4, n, s.dtype)
             bias = None if wb is None else wb + rb
             xw = s.project(rev, w[d], bias)
-            h0 = _zeros(s) if s.initial[0] is None else s.initial[0][d]
-            c0 = _zeros(s) if s.initial[1] is None else s.initial[1][d]
+            h0 = zero_state(s) if s.initial[0] is None else s.initial[0][d]
+            c0 = zero_state(s) if s.initial[1] is None else s.initial[1][d]
             rt = r[d].T.astype(s.dtype)
             pd = None if p is None else p[d].astype(s.dtype, copy=False)
             y, (h, c) = _run_lstm(s, xw, rt, pd, h0, c0, acts[d], clip, want_y, input_forget)
