@@ -97,7 +97,7 @@ def test_greedy_search_t5(eos, min_length):
 def test_greedy_search_t5_refuses_ort_form_cleanly():
     g = {"input_ids": IDS, "max_length": scalar(1)}
     with pytest.raises(SessionError, match="max_length"):
-        run_ours(search_model("GreedySearch", g, eos_token_id=4), g)
+        run_ours(search_model("GreedySearch", g, eos_token_id=4, pad_token_id=0), g)
 
 
 def test_t5_refusals():

@@ -217,3 +217,19 @@ def test_sampling_refuses_bad_attributes(attrs, match):
     m = search_model("Sampling", SAMPLE, eos_token_id=3, pad_token_id=0, **attrs)
     with pytest.raises(SessionError, match=match):
         run_ours(m, SAMPLE)
+
+
+@pytest.mark.parametrize("op", ["GreedySearch", "Sampling"])
+@pytest.mark.parametrize("drop", ["eos_token_id", "pad_token_id"])
+def test_a_search_node_without_a_required_token_id_is_refused_as_onnxruntime_does(op, drop):
+    ort = pytest.importorskip("onnxruntime", reason="the refusal is checked against onnxruntime")
+    import onnxkiln as ok
+
+    attrs = {"eos_token_id": 2, "pad_token_id": 0, "model_type": 0}
+    del attrs[drop]
+    feeds = {"input_ids": np.array([[5, 6]], np.int32), "max_length": scalar(6)}
+    model = search_model(op, feeds, **attrs).SerializeToString()
+    with pytest.raises(Exception, match="INVALID_GRAPH"):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    with pytest.raises(ok.ModelLoadError, match=f"Required attribute '{drop}' is missing"):
+        ok.InferenceSession(model)

@@ -56,13 +56,21 @@ class NodeSchema:
         if unknown:
             raise ModelLoadError(f"{where}: Unrecognized attribute: {unknown[0]} for operator "
                                  f"{op} (it takes {', '.join(sorted(self.attributes))}){hint}")
-        missing = [n for n in self.required if n not in names]
-        if missing:
-            raise ModelLoadError(f"{where}: Required attribute '{missing[0]}' is missing")
+        require_attributes(info, self.required)
         for kind, n, most in (("input", info.n_inputs, self.max_inputs),
                               ("output", info.n_outputs, self.max_outputs)):
             if n > most:
                 raise ModelLoadError(f"{where}: {op} has {kind} size {n}, at most {most}")
+
+
+def require_attributes(info: NodeInfo, names: tuple[str, ...]) -> None:
+    """Refuse, as onnxruntime's schema check refuses the model, a search node without one of
+    the attributes its schema requires (eos_token_id, pad_token_id)."""
+    present = set(info.node.attributes) if info.node is not None else set(info.attrs)
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise ModelLoadError(f"this is an invalid model: node {info.describe()}: Required "
+                             f"attribute '{missing[0]}' is missing")
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def greedy_search(info: NodeInfo) -> Callable[..., np.ndarray]:
     """Greedy decoding: each step takes the highest processed score (first on ties). Serves
     model_type 1 (encoder-decoder) too, which onnxruntime's CPU GreedySearch refuses."""
     op = "GreedySearch"
+    gen.require_attributes(info, ("eos_token_id", "pad_token_id"))
     placeholder = unbuilt(info, search_subgraphs(info))
     if placeholder is not None:
         return placeholder
@@ -166,6 +167,7 @@ def sampling(info: NodeInfo) -> Callable[..., tuple]:
     """Top-p sampling with temperature; the `seed` input makes a run reproducible (a
     different generator from onnxruntime's, so the same seed draws other tokens)."""
     op = "Sampling"
+    gen.require_attributes(info, ("eos_token_id", "pad_token_id"))
     placeholder = unbuilt(info, search_subgraphs(info))
     if placeholder is not None:
         return placeholder
