@@ -322,21 +322,28 @@ def _scan_attrs(info: NodeInfo, n_scan_in: int, n_scan_out: int):
     return in_axes, in_dirs, out_axes, out_dirs
 
 
-def scan_kernel(info: NodeInfo, ops: ArrayOps = NUMPY):
-    """Iterate body over slices of the scan inputs along their axes, carrying N states."""
-    placeholder = unbuilt(info, ("body",))
-    if placeholder is not None:
-        return placeholder
-    body = info.subgraphs["body"]
+def _scan_counts(info: NodeInfo, body: Subgraph, leading: int) -> tuple[int, int, int, int]:
+    """(scan inputs, node inputs, state variables, scan outputs) of a Scan node whose first
+    `leading` inputs are neither (Scan-8's sequence_lens), or a clear ValueError."""
     n_scan_in = int(info.attrs["num_scan_inputs"])
     n_in = info.n_inputs
-    n_state = n_in - n_scan_in
+    n_state = n_in - leading - n_scan_in
     if n_scan_in < 1 or n_state < 0:
         raise ValueError(f"Scan num_scan_inputs={n_scan_in} does not fit {n_in} inputs")
     n_scan_out = len(body.output_names) - n_state
     if n_scan_out < 0:
         raise ValueError(f"Scan body has {len(body.output_names)} outputs, fewer than its "
                          f"{n_state} state variables")
+    return n_scan_in, n_in, n_state, n_scan_out
+
+
+def scan_kernel(info: NodeInfo, ops: ArrayOps = NUMPY):
+    """Iterate body over slices of the scan inputs along their axes, carrying N states."""
+    placeholder = unbuilt(info, ("body",))
+    if placeholder is not None:
+        return placeholder
+    body = info.subgraphs["body"]
+    n_scan_in, n_in, n_state, n_scan_out = _scan_counts(info, body, 0)
     in_axes, in_dirs, out_axes, out_dirs = _scan_attrs(info, n_scan_in, n_scan_out)
     aliased = body_may_alias(body)[:n_state]
     out_dtypes = [_node_dtype(info, n_state + j) for j in range(n_scan_out)]
@@ -396,15 +403,7 @@ def scan8_kernel(info: NodeInfo, ops: ArrayOps = NUMPY):
     if placeholder is not None:
         return placeholder
     body = info.subgraphs["body"]
-    n_scan_in = int(info.attrs["num_scan_inputs"])
-    n_in = info.n_inputs
-    n_state = n_in - 1 - n_scan_in
-    if n_scan_in < 1 or n_state < 0:
-        raise ValueError(f"Scan num_scan_inputs={n_scan_in} does not fit {n_in} inputs")
-    n_scan_out = len(body.output_names) - n_state
-    if n_scan_out < 0:
-        raise ValueError(f"Scan body has {len(body.output_names)} outputs, fewer than its "
-                         f"{n_state} state variables")
+    n_scan_in, n_in, n_state, n_scan_out = _scan_counts(info, body, 1)
     dirs = _list_attr(info.attrs.get("directions"), n_scan_in, "directions")
     out_dtypes = [_node_dtype(info, n_state + j) for j in range(n_scan_out)]
 

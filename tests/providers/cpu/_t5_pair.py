@@ -99,13 +99,11 @@ def _mask_bias() -> list:
             h.make_node("Unsqueeze", ["bias2", "ax12"], ["cbias"])]
 
 
-def encoder_graph(w: _Weights) -> onnx.GraphProto:
+def _cross_layers(w: _Weights, nodes: list, outs: list, self_len, cross_len) -> list:
+    """Add each layer's cross keys/values over encoder_hidden_states (nodes) and its self
+    present outputs (outs); return the cross present outputs (self: `self_len` positions,
+    cross: `cross_len`)."""
     hd = w.d // w.heads
-    nodes = [h.make_node("Gather", ["E", "encoder_input_ids"], ["e0"]),
-             h.make_node("MatMul", ["e0", "Wenc"], ["e1"]),
-             h.make_node("Tanh", ["e1"], ["encoder_hidden_states"]), *_mask_bias()]
-    outs = [h.make_tensor_value_info("logits", F32, ["B", 1, w.vocab]),
-            h.make_tensor_value_info("encoder_hidden_states", F32, ["B", "S", w.d])]
     cross = []
     for i in range(w.layers):
         nodes += _heads("encoder_hidden_states", f"l{i}_Wck", f"cross_k_{i}")
@@ -114,9 +112,19 @@ def encoder_graph(w: _Weights) -> onnx.GraphProto:
                   h.make_node("Identity", [f"cross_v_{i}"], [f"present_value_cross_{i}"])]
         for kv in ("key", "value"):
             outs.append(h.make_tensor_value_info(f"present_{kv}_self_{i}", F32,
-                                                 ["B", w.heads, 1, hd]))
+                                                 ["B", w.heads, self_len, hd]))
             cross.append(h.make_tensor_value_info(f"present_{kv}_cross_{i}", F32,
-                                                  ["B", w.heads, "S", hd]))
+                                                  ["B", w.heads, cross_len, hd]))
+    return cross
+
+
+def encoder_graph(w: _Weights) -> onnx.GraphProto:
+    nodes = [h.make_node("Gather", ["E", "encoder_input_ids"], ["e0"]),
+             h.make_node("MatMul", ["e0", "Wenc"], ["e1"]),
+             h.make_node("Tanh", ["e1"], ["encoder_hidden_states"]), *_mask_bias()]
+    outs = [h.make_tensor_value_info("logits", F32, ["B", 1, w.vocab]),
+            h.make_tensor_value_info("encoder_hidden_states", F32, ["B", "S", w.d])]
+    cross = _cross_layers(w, nodes, outs, 1, "S")
     nodes += _step(w, "decoder_input_ids", False, None)
     ins = [h.make_tensor_value_info(n, I32, ["B", s]) for n, s in
            (("encoder_input_ids", "S"), ("encoder_attention_mask", "S"), ("decoder_input_ids", 1))]

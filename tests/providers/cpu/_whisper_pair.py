@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from _t5_pair import _heads, _step, _Weights
+from _t5_pair import _cross_layers, _step, _Weights
 from onnx import TensorProto
 from onnx import helper as h
 
@@ -39,23 +39,12 @@ def _weights(seed: int, vocab: int, d: int, heads: int, layers: int) -> _Weights
 
 
 def encoder_graph(w: _Weights) -> onnx.GraphProto:
-    hd = w.d // w.heads
     nodes = [h.make_node("Transpose", ["encoder_input_ids"], ["f0"], perm=[0, 2, 1]),
              h.make_node("MatMul", ["f0", "Wfeat"], ["f1"]),
              h.make_node("Tanh", ["f1"], ["encoder_hidden_states"])]
     outs = [h.make_tensor_value_info("logits", F32, ["B", "L", w.vocab]),
             h.make_tensor_value_info("encoder_hidden_states", F32, ["B", FRAMES, w.d])]
-    cross = []
-    for i in range(w.layers):
-        nodes += _heads("encoder_hidden_states", f"l{i}_Wck", f"cross_k_{i}")
-        nodes += _heads("encoder_hidden_states", f"l{i}_Wcv", f"cross_v_{i}")
-        nodes += [h.make_node("Identity", [f"cross_k_{i}"], [f"present_key_cross_{i}"]),
-                  h.make_node("Identity", [f"cross_v_{i}"], [f"present_value_cross_{i}"])]
-        for kv in ("key", "value"):
-            outs.append(h.make_tensor_value_info(f"present_{kv}_self_{i}", F32,
-                                                 ["B", w.heads, "L", hd]))
-            cross.append(h.make_tensor_value_info(f"present_{kv}_cross_{i}", F32,
-                                                  ["B", w.heads, FRAMES, hd]))
+    cross = _cross_layers(w, nodes, outs, "L", FRAMES)
     nodes += _step(w, "decoder_input_ids", False, None)
     ins = [h.make_tensor_value_info("encoder_input_ids", F32, ["B", FEATURES, FRAMES]),
            h.make_tensor_value_info("decoder_input_ids", I32, ["B", "L"])]

@@ -188,7 +188,7 @@ class GptDecoder:
         heads, size = self.past_dims
         past = np.zeros((2, ids.shape[0], heads, 0, size), self.past_dtype)
         outs = self.first_decoder((ids, pos, mask, *([past] * self.layers)), captured)
-        return self._logits(outs[0], ids.shape[0]), [counts, mask, list(outs[1:])]
+        return last_logits(self.op, outs[0], ids.shape[0]), [counts, mask, list(outs[1:])]
 
     def step(self, tokens: np.ndarray, state: list, captured: Sequence[Any],
              order: np.ndarray | None = None) -> np.ndarray:
@@ -202,14 +202,18 @@ class GptDecoder:
         pos = counts.reshape(-1, 1).astype(_I32)
         outs = self.decoder((tokens.reshape(-1, 1).astype(_I32), pos, mask, *pasts), captured)
         state[:] = [counts + 1, mask, list(outs[1:])]
-        return self._logits(outs[0], tokens.shape[0])
+        return last_logits(self.op, outs[0], tokens.shape[0])
 
-    def _logits(self, logits: Any, rows: int) -> np.ndarray:
-        if not isinstance(logits, np.ndarray) or logits.ndim != 3 or logits.shape[0] != rows:
-            raise ValueError(f"{self.op}: the decoder's logits must be (batch, length, vocab) "
-                             f"with {rows} rows, got {getattr(logits, 'shape', type(logits))}")
-        return logits[:, -1, :].astype(_F32)
 
+
+
+def last_logits(op: str, logits: Any, rows: int) -> np.ndarray:
+    """A subgraph's logits (rows, length, vocab) at the last position, as float32 (rows, V),
+    or a clear error naming the op."""
+    if not isinstance(logits, np.ndarray) or logits.ndim != 3 or logits.shape[0] != rows:
+        raise ValueError(f"{op}: the subgraph logits must be (batch, length, vocab) "
+                         f"with {rows} rows, got {getattr(logits, 'shape', type(logits))}")
+    return logits[:, -1, :].astype(_F32)
 
 def prompt(op: str, input_ids: np.ndarray, max_length: np.ndarray, attention_mask, pad: int,
            encoder: bool = False):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from onnxkiln.providers.base import NodeInfo
+from onnxkiln.providers.cpu import _generation as gen
 
 __all__ = ["WhisperPair"]
 
@@ -79,7 +80,7 @@ class WhisperPair:
               captured: Sequence[Any]) -> tuple[np.ndarray, list]:
         """Run the encoder: (first logits (batch * beams, V), state)."""
         outs = self.encoder((features, ids), captured)
-        logits = self._logits(outs[0], ids.shape[0])
+        logits = gen.last_logits(self.op, outs[0], ids.shape[0])
         rep = [np.repeat(np.asarray(o), beams, axis=0) for o in outs[1:]]
         n = 2 * self.layers
         fixed = [rep[0]] if self.hidden else []
@@ -94,10 +95,4 @@ class WhisperPair:
         ids = seqs if self.whole_sequence else tokens.reshape(-1, 1)
         outs = self.decoder((ids.astype(_I32), *fixed, *pasts, *cross), captured)
         state[1] = list(outs[1:])
-        return self._logits(outs[0], tokens.shape[0])
-
-    def _logits(self, logits: Any, rows: int) -> np.ndarray:
-        if not isinstance(logits, np.ndarray) or logits.ndim != 3 or logits.shape[0] != rows:
-            raise ValueError(f"{self.op}: the subgraph logits must be (batch, length, vocab) "
-                             f"with {rows} rows, got {getattr(logits, 'shape', type(logits))}")
-        return logits[:, -1, :].astype(_F32)
+        return gen.last_logits(self.op, outs[0], tokens.shape[0])

@@ -80,7 +80,7 @@ class EncoderDecoder:
         outs = self.encoder((ids, mask, self.first_tokens(ids.shape[0])), captured)
         rep = [np.repeat(np.asarray(o), beams, axis=0) for o in outs]
         n = 2 * self.layers
-        logits = self._logits(rep[0], ids.shape[0] * beams)
+        logits = gen.last_logits(self.op, rep[0], ids.shape[0] * beams)
         fixed = [np.repeat(mask, beams, axis=0)] + ([rep[1]] if self.hidden else [])
         return logits, [fixed, rep[2:2 + n], rep[2 + n:]]
 
@@ -94,10 +94,4 @@ class EncoderDecoder:
         feeds = (tokens.reshape(-1, 1).astype(_I32), *fixed, *pasts, *cross)
         outs = self.decoder(feeds, captured)
         state[1] = list(outs[1:])
-        return self._logits(outs[0], tokens.shape[0])
-
-    def _logits(self, logits: Any, rows: int) -> np.ndarray:
-        if not isinstance(logits, np.ndarray) or logits.ndim != 3 or logits.shape[0] != rows:
-            raise ValueError(f"{self.op}: the subgraph logits must be (batch, length, vocab) "
-                             f"with {rows} rows, got {getattr(logits, 'shape', type(logits))}")
-        return logits[:, -1, :].astype(_F32)
+        return gen.last_logits(self.op, outs[0], tokens.shape[0])
