@@ -241,8 +241,8 @@ class Placer:
         return device.claims(info)
 
     def choose(self, node_id: int, info: NodeInfo, in_slots: Sequence[int | None],
-               out_slots: Sequence[int | None], constants: dict[int, Any],
-               depth: int) -> tuple[KernelSpec | None, str]:
+               out_slots: Sequence[int | None], constants: dict[int, Any]
+               ) -> tuple[KernelSpec | None, str]:
         """The kernel spec and provider name for a node; (None, "") when nobody runs it.
         `in_slots`: the node's inputs, then the outer values its subgraphs capture."""
         providers = self.placement.providers

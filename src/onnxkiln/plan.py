@@ -112,10 +112,10 @@ class _Context:
     missing: list[str] = field(default_factory=list)
 
     def choose(self, node_id: int, node: ir.Node, info: NodeInfo, in_slots, out_slots,
-               constants: dict[int, Any], depth: int) -> tuple[KernelSpec | None, str]:
+               constants: dict[int, Any]) -> tuple[KernelSpec | None, str]:
         """`in_slots`: the node's inputs, then the outer values its subgraphs capture."""
         if self.placer is not None:
-            return self.placer.choose(node_id, info, in_slots, out_slots, constants, depth)
+            return self.placer.choose(node_id, info, in_slots, out_slots, constants)
         return _resolve(self.registries, info.domain, node.op_type, info.opset)
 
     def bodies(self, node_id: int, info: NodeInfo, in_slots, constants: dict[int, Any]) -> Any:
@@ -170,7 +170,7 @@ def _graph_plan(graph: ir.Graph, ctx: _Context, captures: Sequence[ir.Value], de
             subgraphs = _subgraphs(node, graphs, per_graph, captured, bodies, ctx, depth)
         info = _node_info(node, domain, opset, in_slots, out_slots, constants, subgraphs)
         spec, provider = ctx.choose(node_id, node, info, in_slots + cap_slots, out_slots,
-                                    constants, depth)
+                                    constants)
         if spec is None:
             ctx.missing.append(_describe_missing(node, domain, opset, ctx.registries))
             continue

@@ -71,38 +71,24 @@ def _qkv(query, key, value, n: int, nk: int):
             value.shape[2] // nk)
 
 
-def _tables(cos_cache, sin_cache, position_ids, seqlens, b: int, h: int, total: int):
-    """(cos, sin, table row per entry) of a rotary step, or None when the kernel does not
-    take them. The rows are range-checked by the kernel."""
+def _tables_fit(cos_cache, sin_cache, position_ids, b: int, h: int) -> bool:
+    """Whether the kernel takes these rotary tables (float32, C-contiguous, as wide as half a
+    head at most) and position ids (one per entry); the rows are range-checked by the kernel."""
     if cos_cache is None or sin_cache is None or not (_f32_c(cos_cache) and _f32_c(sin_cache)):
-        return None
+        return False
     if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape or 2 * cos_cache.shape[1] > h:
-        return None
-    if position_ids is None:
-        return cos_cache, sin_cache, seqlens
-    if position_ids.shape != (b, 1):
-        return None
-    rpos = np.ascontiguousarray(position_ids, _I64).reshape(b)
-    if total == 1:  # a one-token first prompt: onnxruntime reads only the first element
-        rpos = np.full(b, rpos[0], _I64)
-    return cos_cache, sin_cache, rpos
+        return False
+    return position_ids is None or position_ids.shape == (b, 1)
 
 
-def _presents(into, past_key, past_value, b: int, nk: int, cap: int, h: int, hv: int):
-    """(past k, past v, present k, present v, copy the past?) or None: fresh presents, or the
-    bound buffers (already holding the past) of an in-place step."""
-    if into is None:
-        if not (past_key.flags.c_contiguous and past_value.flags.c_contiguous):
-            return None
-        return (past_key, past_value, np.empty((b, nk, cap, h), _F32),
-                np.empty((b, nk, cap, hv), _F32), 1)
+def _bound_fit(into, b: int, nk: int, h: int, hv: int) -> bool:
+    """Whether the bound present buffers of an in-place step are ones the kernel writes:
+    writable float32 C-contiguous (b, nk, capacity, h / hv) numpy arrays (the numpy path
+    writes the others)."""
     pk, pv = into[0].tensor, into[1].tensor
-    if (type(pk) is not np.ndarray or type(pv) is not np.ndarray or not _f32_c(pk)
-            or not _f32_c(pv) or not (pk.flags.writeable and pv.flags.writeable)
-            or pk.shape[:2] != (b, nk) or pv.shape[:2] != (b, nk)
-            or pk.shape[2] < cap or pv.shape[2] < cap or pk.shape[3] != h or pv.shape[3] != hv):
-        return None  # the numpy path writes them (or raises the capacity error)
-    return pk, pv, pk, pv, 0
+    return (type(pk) is np.ndarray and type(pv) is np.ndarray and _f32_c(pk) and _f32_c(pv)
+            and pk.flags.writeable and pv.flags.writeable and pk.shape[:2] == (b, nk)
+            and pv.shape[:2] == (b, nk) and pk.shape[3] == h and pv.shape[3] == hv)
 
 
 def decode(fn: Any, n: int, nk: int, rotary: bool, interleaved: bool, scale: float | None,
@@ -190,11 +176,10 @@ def _layout(n: int, nk: int, rotary: bool, interleaved: bool, scale: float | Non
         return None
     cos, sin = _NO_TABLE, _NO_TABLE
     if rotary:
-        tables = _tables(cos_cache, sin_cache, position_ids, np.zeros(b, _I64), b, h, 2)
-        if tables is None:
+        if not _tables_fit(cos_cache, sin_cache, position_ids, b, h):
             return None
-        cos, sin = tables[0], tables[1]
-    if into is not None and _presents(into, past_key, past_value, b, nk, 0, h, hv) is None:
+        cos, sin = cos_cache, sin_cache
+    if into is not None and not _bound_fit(into, b, nk, h, hv):
         return None
     scale = scale if scale else 1.0 / math.sqrt(h)
     reals = (np.float32(scale), np.float32(1.0 / softcap if softcap > 0 else 0.0),
