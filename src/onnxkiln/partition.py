@@ -162,6 +162,8 @@ def _cuda_unavailable_reason(wanted: str) -> str | None:
 
 
 _DEVICE_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_SHAPE_MATH = ("shape computation kept on the host, where its inputs are (avoids a device "
+               "round trip)")
 # conversions and views converters put between ops: on the host they cost no more than
 # the copies they would need on the device (compute ops stay where the user asked)
 _CONVERSIONS = frozenset({"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze",
@@ -213,10 +215,11 @@ class Placer:
             if info.domain == "" and info.op_type in _DEVICE_CONTROL_FLOW:
                 self._host_bodies[node_id] = reason
             return BodyPlacement(self, False, info.op_type, frozenset())
-        host = frozenset(i - info.n_inputs for i, s in enumerate(in_slots)
+        host = frozenset(i for i, s in enumerate(in_slots)  # captured host shape values
                          if i >= info.n_inputs and s in self._shape_slots)
-        self._device_bodies[node_id] = frozenset(info.n_inputs + k for k in host)
-        return BodyPlacement(self, True, info.op_type, host)
+        self._device_bodies[node_id] = host
+        return BodyPlacement(self, True, info.op_type,
+                             frozenset(i - info.n_inputs for i in host))
 
     def _bodies_stay_on_host(self, info: NodeInfo, in_slots: Sequence[int | None],
                              constants: dict[int, Any]) -> str | None:
@@ -228,8 +231,7 @@ class Placer:
         if any(s in self._container_slots for s in in_slots):
             return "reads a sequence or optional: those stay on the host"
         if self._is_shape_math(info, in_slots, constants):
-            return ("shape computation kept on the host, where its inputs are (avoids a "
-                    "device round trip)")
+            return _SHAPE_MATH
         node = info.node
         for attr in (node.attributes.values() if node is not None else ()):
             if attr.type != ir.AttributeType.GRAPH:
@@ -258,8 +260,7 @@ class Placer:
         elif self._is_shape_math(info, in_slots, constants) and len(providers) > 1:
             providers = (self.host,)
             if on_device:
-                self._decline(node_id, info, "shape computation kept on the host, where its "
-                                             "inputs are (avoids a device round trip)")
+                self._decline(node_id, info, _SHAPE_MATH)
         elif any(s in self._container_slots for s in in_slots) and len(providers) > 1:
             providers = (self.host,)
             if info.op_type in ("Identity", "If", "Loop"):  # pass containers through
