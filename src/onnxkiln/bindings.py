@@ -102,16 +102,13 @@ class DeviceIoBinding:
                 and array.dtype == self.tensor.dtype and array.ndim == self.tensor.ndim):
             # the common case, a host buffer written from host data: a refill from its start
             # (offset 0), or a block at one start per axis (a mask's new columns)
-            if type(offset) is int and offset == 0:
-                if all(n <= p for n, p in zip(array.shape, self.physical_shape)):
-                    self.tensor[tuple(map(slice, array.shape))] = array
-                    self._writes += 1
-                    self._h2d += array.nbytes
-                    return
-            elif type(offset) is tuple and len(offset) == array.ndim and all(
+            starts = ((0,) * array.ndim if type(offset) is int and offset == 0
+                      else offset if type(offset) is tuple and len(offset) == array.ndim
+                      else None)
+            if starts is not None and all(
                     type(o) is int and o >= 0 and o + n <= p
-                    for o, n, p in zip(offset, array.shape, self.physical_shape)):
-                self.tensor[tuple(slice(o, o + n) for o, n in zip(offset, array.shape))] = array
+                    for o, n, p in zip(starts, array.shape, self.physical_shape)):
+                self.tensor[tuple(slice(o, o + n) for o, n in zip(starts, array.shape))] = array
                 self._writes += 1
                 self._h2d += array.nbytes
                 return
